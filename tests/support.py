@@ -1,0 +1,164 @@
+"""Helpers for tests that talk to a real `fencepost serve` process over HTTP."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+BOOTSTRAP_KEY = "fp_test_bootstrap_admin_key_0123456789abcdef"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def new_token() -> str:
+    return str(uuid.uuid4())
+
+
+def unique_name(prefix: str = "lock") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+def lock_headers(token: str | None = None, request_id: str | None = None) -> dict[str, str]:
+    return {
+        "X-Lock-Token": token or new_token(),
+        "X-Request-Id": request_id or str(uuid.uuid4()),
+    }
+
+
+@dataclass
+class ServerProcess:
+    """One `fencepost serve` child process on its own SQLite file and port."""
+
+    workdir: Path
+    port: int = field(default_factory=free_port)
+    admin_key: str = BOOTSTRAP_KEY
+    extra_env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def db_path(self) -> Path:
+        return self.workdir / "fencepost.db"
+
+    @property
+    def store_url(self) -> str:
+        return f"sqlite:///{self.db_path}"
+
+    @property
+    def access_log(self) -> Path:
+        return self.workdir / "access.log"
+
+    @property
+    def stdout_path(self) -> Path:
+        return self.workdir / "server.out"
+
+    @property
+    def stderr_path(self) -> Path:
+        return self.workdir / "server.err"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["FENCEPOST_BOOTSTRAP_KEY"] = self.admin_key
+        env.update(self.extra_env)
+        return env
+
+    def start(self, timeout: float = 20.0) -> "ServerProcess":
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            sys.executable, "-m", "fencepost", "serve",
+            "--store", self.store_url,
+            "--host", "127.0.0.1",
+            "--port", str(self.port),
+            "--access-log", str(self.access_log),
+        ]
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=self.workdir,
+            env=self.env(),
+            stdout=open(self.stdout_path, "ab"),
+            stderr=open(self.stderr_path, "ab"),
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"server exited with {self.proc.returncode}: {self.stderr_path.read_text()}"
+                )
+            try:
+                if httpx.get(f"{self.base_url}/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"server did not become healthy: {self.stderr_path.read_text()}")
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def terminate(self, timeout: float = 15.0) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=timeout)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+
+    def client(self, key: str | None = None, **kwargs: Any) -> httpx.Client:
+        """An httpx client authenticated with `key` (the bootstrap admin key by default)."""
+        headers = {"Authorization": f"Bearer {key or self.admin_key}"}
+        headers.update(kwargs.pop("headers", {}))
+        return httpx.Client(base_url=self.base_url, headers=headers, timeout=30, **kwargs)
+
+    def async_client(self, key: str | None = None, **kwargs: Any) -> httpx.AsyncClient:
+        headers = {"Authorization": f"Bearer {key or self.admin_key}"}
+        headers.update(kwargs.pop("headers", {}))
+        return httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=30, **kwargs)
+
+    def create_key(self, role: str, **fields: Any) -> dict[str, Any]:
+        """Creates a key in the admin key's project through the API; returns the 201 body."""
+        with self.client() as c:
+            resp = c.post("/v1/keys", json={"role": role, **fields})
+            assert resp.status_code == 201, resp.text
+            return dict(resp.json())
+
+    def create_project(self, name: str) -> str:
+        """Creates a project with the CLI straight in the store; returns its admin key."""
+        out = subprocess.run(
+            [sys.executable, "-m", "fencepost", "project", "create", name,
+             "--store", self.store_url],
+            capture_output=True, text=True, timeout=30, env=self.env(),
+        )
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip()
+
+    def access_log_lines(self) -> list[dict[str, Any]]:
+        import json
+
+        if not self.access_log.exists():
+            return []
+        return [json.loads(line) for line in self.access_log.read_text().splitlines() if line]
