@@ -1,0 +1,3 @@
+from fencepost.cli import main
+
+main()

@@ -1,0 +1,119 @@
+"""The `fencepost` command. It parses arguments and calls the server or the
+store; it holds no rules of its own."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from fencepost.core.keys import MIN_BOOTSTRAP_SECRET_LENGTH
+from fencepost.core.names import is_valid_name
+from fencepost.errors import FencepostError
+from fencepost.store import make_store, sqlite_path
+
+DEFAULT_STORE = "sqlite:///fencepost.db"
+
+
+def _bootstrap_file(store_url: str) -> Path:
+    """Beside the database for SQLite; in the current folder otherwise."""
+    if store_url.startswith("sqlite:"):
+        return Path(sqlite_path(store_url) + ".admin-key")
+    return Path("fencepost.admin-key")
+
+
+def _save_secret(path: Path, secret: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(secret + "\n")
+    os.chmod(path, 0o600)  # also when the file already existed with wider modes
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="fencepost")
+def main() -> None:
+    """fencepost: locks with fencing tokens, TTL leases and pools."""
+
+
+@main.command()
+@click.option("--store", envvar="FENCEPOST_STORE", default=DEFAULT_STORE, show_default=True,
+              help="sqlite:///relative.db or sqlite:////absolute.db")
+@click.option("--host", envvar="FENCEPOST_HOST", default="127.0.0.1", show_default=True)
+@click.option("--port", envvar="FENCEPOST_PORT", default=7440, show_default=True,
+              type=click.IntRange(0, 65535))
+@click.option("--access-log", envvar="FENCEPOST_ACCESS_LOG", default=None,
+              help="File for JSON-lines access log (default: stderr).")
+def serve(store: str, host: str, port: int, access_log: str | None) -> None:
+    """Run the lock service."""
+    from fencepost.server.app import AppConfig, create_app
+    from fencepost.server.runner import serve as run_server
+
+    bootstrap_key = os.environ.get("FENCEPOST_BOOTSTRAP_KEY") or None
+    if bootstrap_key is not None and len(bootstrap_key) < MIN_BOOTSTRAP_SECRET_LENGTH:
+        raise click.UsageError(
+            f"FENCEPOST_BOOTSTRAP_KEY must be at least {MIN_BOOTSTRAP_SECRET_LENGTH} characters."
+        )
+    try:
+        backend = make_store(store)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    key_file = _bootstrap_file(store)
+
+    def announce(secret: str, generated: bool) -> None:
+        if not generated:
+            click.echo("fencepost: created project 'default' with the key from "
+                       "FENCEPOST_BOOTSTRAP_KEY", err=True)
+            return
+        _save_secret(key_file, secret)
+        click.echo(f"fencepost: created project 'default'; its admin key (shown once, "
+                   f"also saved to {key_file}):")
+        click.echo(secret)
+        sys.stdout.flush()
+
+    app = create_app(
+        backend,
+        AppConfig(access_log=access_log, bootstrap_key=bootstrap_key, on_bootstrap=announce),
+    )
+    click.echo(f"fencepost: serving on http://{host}:{port} with {store}", err=True)
+    run_server(app, host, port)
+
+
+@main.group()
+def project() -> None:
+    """Manage projects directly in the store."""
+
+
+@project.command("create")
+@click.argument("name")
+@click.option("--store", envvar="FENCEPOST_STORE", default=DEFAULT_STORE, show_default=True)
+def project_create(name: str, store: str) -> None:
+    """Create project NAME and print its first admin key alone on stdout."""
+    if not is_valid_name(name):
+        raise click.UsageError(
+            f"{name!r} is not a valid project name (letters, digits, . _ : -; up to 128)."
+        )
+    try:
+        backend = make_store(store)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+
+    async def create() -> str:
+        await backend.open()
+        try:
+            return await backend.create_project(name)
+        finally:
+            await backend.close()
+
+    try:
+        secret = asyncio.run(create())
+    except FencepostError as exc:
+        click.echo(f"fencepost: {exc.message}", err=True)
+        raise SystemExit(1) from None
+    click.echo(secret)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""Lease rules for locks (SPEC §3), as pure functions of the current lease and `now`.
+
+Every instant is Unix epoch milliseconds. The store reads the lock row, asks
+these functions what to do, and writes the answer in the same transaction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from typing import Callable
+
+from fencepost.core.timefmt import MS_PER_DAY, MS_PER_SECOND
+from fencepost.errors import LeaseExpired, LeaseLost, LockHeld
+
+TTL_MIN_SECONDS = 5
+TTL_MAX_SECONDS = 7_776_000  # 90 days
+# Absolute life of one acquisition: renewals can never push a lease past it.
+LEASE_LIFETIME_MS = 90 * MS_PER_DAY
+# Renewals must arrive more than this long before expires_at. The margin absorbs
+# clock skew between replicas and the client so an expired lease is never resurrected.
+RENEW_MARGIN_MS = 1000
+
+
+class OnExpiry(StrEnum):
+    RELEASE = "release"
+    KEEP = "keep"
+
+
+class EndReason(StrEnum):
+    EXPIRED = "expired"
+    RELEASED = "released"
+    FORCE_RELEASED = "force_released"
+    SUPERSEDED = "superseded"
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    key: str
+    lock_token: str
+    fencing_token: int
+    acquired_ms: int
+    expires_ms: int
+    deadline_ms: int
+    operation: str | None
+    metadata_json: str | None
+    on_expiry: OnExpiry
+
+
+@dataclass(frozen=True, slots=True)
+class AcquireRequest:
+    lock_token: str
+    ttl_seconds: int
+    operation: str | None = None
+    metadata_json: str | None = None
+    on_expiry: OnExpiry = OnExpiry.RELEASE
+
+
+@dataclass(frozen=True, slots=True)
+class Granted:
+    lease: Lease
+    created: bool  # False: the same token already held it (a retried acquire)
+
+
+@dataclass(frozen=True, slots=True)
+class Busy:
+    holder: Lease | None  # None: free, but others are waiting in line ahead
+    now_ms: int
+    waiters: int = 0
+
+    def to_error(self) -> LockHeld:
+        return lock_held_error(self.holder, self.now_ms, self.waiters)
+
+
+def is_live(lease: Lease, now_ms: int) -> bool:
+    """A `release` lease dies at expires_at; a `keep` lease only at its deadline."""
+    if now_ms >= lease.deadline_ms:
+        return False
+    return lease.on_expiry is OnExpiry.KEEP or now_ms < lease.expires_ms
+
+
+def is_overdue(lease: Lease, now_ms: int) -> bool:
+    return lease.on_expiry is OnExpiry.KEEP and lease.expires_ms <= now_ms < lease.deadline_ms
+
+
+def end_of_life_ms(lease: Lease) -> int:
+    """The instant the lease dies unless renewed or released."""
+    return lease.deadline_ms if lease.on_expiry is OnExpiry.KEEP else lease.expires_ms
+
+
+def new_lease(key: str, request: AcquireRequest, now_ms: int, fencing_token: int) -> Lease:
+    deadline = now_ms + LEASE_LIFETIME_MS
+    return Lease(
+        key=key,
+        lock_token=request.lock_token,
+        fencing_token=fencing_token,
+        acquired_ms=now_ms,
+        expires_ms=min(now_ms + request.ttl_seconds * MS_PER_SECOND, deadline),
+        deadline_ms=deadline,
+        operation=request.operation,
+        metadata_json=request.metadata_json,
+        on_expiry=request.on_expiry,
+    )
+
+
+def decide_acquire(
+    key: str,
+    current: Lease | None,
+    request: AcquireRequest,
+    now_ms: int,
+    *,
+    waiters_ahead: int,
+    next_fencing_token: Callable[[], int],
+) -> Granted | Busy:
+    """Grant, repeat an existing grant, or refuse.
+
+    `waiters_ahead` counts live waiters queued before this caller (all of them
+    for a fail-fast acquire): a free lock goes to the head of the line first.
+    `next_fencing_token` is only called when a new lease is granted, so the
+    counter moves exactly when the lock changes hands.
+    """
+    if current is not None and is_live(current, now_ms):
+        if current.lock_token == request.lock_token:
+            return Granted(current, created=False)
+        return Busy(current, now_ms, waiters_ahead)
+    if waiters_ahead > 0:
+        return Busy(None, now_ms, waiters_ahead)
+    return Granted(new_lease(key, request, now_ms, next_fencing_token()), created=True)
+
+
+def lock_held_error(holder: Lease | None, now_ms: int, waiters: int = 0) -> LockHeld:
+    if holder is None:
+        return LockHeld(
+            f"The lock is free but {waiters} caller(s) are waiting in line ahead of you.",
+            operation=None,
+            expires_in_ms=0,
+            waiters=waiters,
+        )
+    expires_in_ms = holder.expires_ms - now_ms
+    # Retry-After only when the lease can end on its own soon: an overdue or
+    # not-yet-overdue `keep` lease is held until someone ends it.
+    retry_after = expires_in_ms if holder.on_expiry is OnExpiry.RELEASE else None
+    what = f" for {holder.operation!r}" if holder.operation else ""
+    return LockHeld(
+        f"The lock is held by another token{what}.",
+        operation=holder.operation,
+        expires_in_ms=expires_in_ms,
+        waiters=waiters,
+        retry_after_ms=retry_after,
+    )
+
+
+def lost_reason(
+    current: Lease | None, lock_token: str, now_ms: int, ended: EndReason | None
+) -> EndReason | None:
+    """Why `lock_token` no longer holds the lock, where the server knows it."""
+    if current is not None and current.lock_token == lock_token:
+        return EndReason.EXPIRED  # still on record, but dead
+    if ended in (EndReason.RELEASED, EndReason.FORCE_RELEASED):
+        return ended
+    if ended is not None:
+        if current is not None and is_live(current, now_ms):
+            return EndReason.SUPERSEDED
+        return ended
+    return None
+
+
+def decide_renew(
+    current: Lease | None,
+    lock_token: str,
+    ttl_seconds: int,
+    now_ms: int,
+    ended: EndReason | None,
+) -> Lease:
+    """The renewed lease, or raise LeaseLost / LeaseExpired.
+
+    The new expiry is set outright (a shorter TTL shortens the lease), capped at
+    the absolute deadline. The fencing token never changes on renewal.
+    """
+    if current is None or current.lock_token != lock_token or not is_live(current, now_ms):
+        reason = lost_reason(current, lock_token, now_ms, ended)
+        raise LeaseLost(
+            "This token does not hold the lock"
+            + (f" (it was {reason.value.replace('_', ' ')})." if reason else "."),
+            reason=reason.value if reason else None,
+        )
+    if current.on_expiry is OnExpiry.RELEASE and now_ms >= current.expires_ms - RENEW_MARGIN_MS:
+        raise LeaseExpired(expires_in_ms=current.expires_ms - now_ms)
+    expires = min(now_ms + ttl_seconds * MS_PER_SECOND, current.deadline_ms)
+    return replace(current, expires_ms=expires)
+
+
+def holds(current: Lease | None, lock_token: str, now_ms: int) -> bool:
+    """True when `lock_token` holds a live lease (release succeeds exactly then)."""
+    return current is not None and current.lock_token == lock_token and is_live(current, now_ms)

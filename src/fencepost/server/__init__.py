@@ -1,0 +1,1 @@
+"""The HTTP layer: routes decode, call the store, and encode; nothing more."""

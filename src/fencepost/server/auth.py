@@ -1,0 +1,106 @@
+"""Authentication, roles, IP allowlists and per-key quotas (SPEC §2, §5)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from starlette.requests import Request
+
+from fencepost.core.keys import Network, Role, hash_secret, ip_allowed, parse_networks
+from fencepost.core.quota import RateGate
+from fencepost.errors import Forbidden, QuotaExceeded, Unauthorized
+from fencepost.store.base import KeyRecord, Store
+
+# A key looked up in the store is trusted for this long, so a revocation on any
+# replica is refused everywhere within 2 s (SPEC §5) without a store read per request.
+KEY_CACHE_MS = 1000
+MAX_KEY_LENGTH = 512
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    key_id: str
+    project: str
+    role: Role
+
+
+@dataclass(slots=True)
+class _CachedKey:
+    record: KeyRecord | None
+    networks: list[Network]
+    fetched_ms: float
+
+
+def _monotonic_ms() -> float:
+    return time.monotonic() * 1000
+
+
+class Authenticator:
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._cache: dict[str, _CachedKey] = {}
+        self._gates: dict[str, RateGate] = {}
+
+    def forget(self, key_id: str) -> None:
+        """Drop a key from the cache at once (it was revoked here)."""
+        for digest, cached in list(self._cache.items()):
+            if cached.record is not None and cached.record.id == key_id:
+                del self._cache[digest]
+
+    async def authenticate(self, request: Request, needs: Role) -> Principal:
+        secret = _presented_secret(request)
+        record, networks = await self._lookup(secret)
+        now_ms = await self._store.now_ms()
+        if record is None or record.revoked_ms is not None:
+            raise Unauthorized("The API key is unknown or revoked.")
+        if record.expires_ms is not None and now_ms >= record.expires_ms:
+            raise Unauthorized("The API key has expired.")
+        client_ip = request.client.host if request.client else None
+        if not ip_allowed(client_ip, networks):
+            raise Forbidden("This key may not be used from your address.")
+        self._count_request(record)
+        if record.role < needs:
+            raise Forbidden(f"This route needs the {needs.label} role; the key is a {record.role.label}.")
+        return Principal(record.id, record.project, record.role)
+
+    async def _lookup(self, secret: str) -> tuple[KeyRecord | None, list[Network]]:
+        # Cache by a hash so raw secrets are not kept as dictionary keys.
+        digest = hash_secret(secret, b"cache")
+        now = _monotonic_ms()
+        cached = self._cache.get(digest)
+        if cached is None or now - cached.fetched_ms > KEY_CACHE_MS:
+            record = await self._store.find_key(secret)
+            networks = parse_networks(record.allow_ips) if record else []
+            if len(self._cache) > 100_000:
+                self._cache.clear()  # bound memory under a flood of random keys
+            cached = _CachedKey(record, networks, now)
+            self._cache[digest] = cached
+        return cached.record, cached.networks
+
+    def _count_request(self, record: KeyRecord) -> None:
+        """Every authenticated request counts, a retry under a reused request ID too."""
+        if record.rpm_quota is None:
+            return
+        gate = self._gates.get(record.id)
+        if gate is None or gate.per_minute != record.rpm_quota:
+            gate = self._gates[record.id] = RateGate(record.rpm_quota)
+        wait_ms = gate.admit(int(_monotonic_ms()))
+        if wait_ms is not None:
+            raise QuotaExceeded(retry_after_ms=wait_ms)
+
+
+def _presented_secret(request: Request) -> str:
+    header = request.headers.get("authorization")
+    if header is not None:
+        scheme, _, secret = header.strip().partition(" ")
+        if scheme.lower() != "bearer" or not secret.strip():
+            raise Unauthorized("The Authorization header must be `Bearer <key>`.")
+        secret = secret.strip()
+    else:
+        secret = (request.headers.get("x-api-key") or "").strip()
+        if not secret:
+            raise Unauthorized("An API key is required (Authorization: Bearer or X-Api-Key).")
+    if len(secret) > MAX_KEY_LENGTH or not secret.isprintable():
+        raise Unauthorized("The API key is malformed.")
+    return secret

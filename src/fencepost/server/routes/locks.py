@@ -1,0 +1,271 @@
+"""Lock routes (SPEC §3): acquire, renew, release, inspect, list, force release."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from fencepost.core import leases as rules
+from fencepost.core.keys import Role
+from fencepost.core.leases import AcquireRequest, Granted, Lease, OnExpiry
+from fencepost.core.names import is_valid_name
+from fencepost.core.timefmt import format_at
+from fencepost.errors import FencepostError, LockHeld, ShuttingDown, ValidationError
+from fencepost.server import schemas
+from fencepost.server.context import endpoint, path_name, request_id, services
+from fencepost.server.http import json_response, read_body, required_uuid_header
+from fencepost.server.validation import decode_body, invalid_field
+from fencepost.server.waiting import ClientGone, acquire_waiting, watch_disconnect
+from fencepost.store.base import LockView
+
+MAX_LIST_LIMIT = 1000
+DEFAULT_LIST_LIMIT = 100
+
+
+def grant_body(lease: Lease) -> schemas.LeaseGrant:
+    return schemas.LeaseGrant(
+        key=lease.key,
+        fencing_token=lease.fencing_token,
+        acquired_at=format_at(lease.acquired_ms) or "",
+        expires_at=format_at(lease.expires_ms) or "",
+        deadline_at=format_at(lease.deadline_ms) or "",
+        operation=lease.operation,
+        on_expiry=lease.on_expiry.value,
+    )
+
+
+def lock_state(view: LockView) -> schemas.LockState:
+    lease = view.lease
+    if lease is None:
+        return schemas.LockState(
+            key=view.key, held=False, fencing_token=None, operation=None, acquired_at=None,
+            expires_at=None, deadline_at=None, on_expiry=None, overdue=False, metadata=None,
+            waiters=view.waiters,
+        )
+    return schemas.LockState(
+        key=view.key,
+        held=True,
+        fencing_token=lease.fencing_token,
+        operation=lease.operation,
+        acquired_at=format_at(lease.acquired_ms),
+        expires_at=format_at(lease.expires_ms),
+        deadline_at=format_at(lease.deadline_ms),
+        on_expiry=lease.on_expiry.value,
+        overdue=rules.is_overdue(lease, view.now_ms),
+        metadata=None if lease.metadata_json is None else msgspec.json.decode(lease.metadata_json),
+        waiters=view.waiters,
+    )
+
+
+def _metadata_json(metadata: dict[str, Any] | None) -> str | None:
+    if metadata is None:
+        return None
+    encoded = msgspec.json.encode(metadata)
+    if len(encoded) > schemas.MAX_METADATA_BYTES:
+        raise invalid_field("metadata", f"must be at most {schemas.MAX_METADATA_BYTES} bytes as JSON")
+    return encoded.decode()
+
+
+async def acquire(request: Request) -> Response:
+    """PUT /v1/locks/{key}/lease: every attempt is written to the access log."""
+    svc = services(request)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    log: dict[str, Any] = {
+        "lock": str(request.path_params.get("key", ""))[:200],
+        "request_id": request_id(request),
+        "project": None,
+        "key_id": None,
+    }
+    waited = False
+    try:
+        principal = await svc.auth.authenticate(request, Role.MEMBER)
+        log.update(project=principal.project, key_id=principal.key_id)
+        key = path_name(request, "key")
+        token = required_uuid_header(request, "x-lock-token")
+        required_uuid_header(request, "x-request-id")
+        body = decode_body(await read_body(request), schemas.AcquireLockBody)
+        wanted = AcquireRequest(
+            lock_token=token,
+            ttl_seconds=body.ttl_seconds,
+            operation=body.operation,
+            metadata_json=_metadata_json(body.metadata),
+            on_expiry=OnExpiry(body.on_expiry),
+        )
+        waited = body.wait_seconds > 0
+        granted = await _acquire(request, principal.project, key, wanted, body.wait_seconds)
+    except ClientGone:
+        _log_attempt(svc, log, "disconnected", 499, started, loop)
+        return Response(status_code=499)
+    except LockHeld as error:
+        _log_attempt(svc, log, "timeout" if waited else "held", 409, started, loop)
+        raise error
+    except ShuttingDown:
+        _log_attempt(svc, log, "shutdown", 503, started, loop)
+        raise
+    except FencepostError as error:
+        _log_attempt(svc, log, "invalid", error.http_status, started, loop)
+        raise
+    status = 201 if granted.created else 200
+    log["fencing_token"] = granted.lease.fencing_token
+    _log_attempt(svc, log, "granted" if granted.created else "existing", status, started, loop)
+    return json_response(status, grant_body(granted.lease))
+
+
+async def _acquire(
+    request: Request, project: str, key: str, wanted: AcquireRequest, wait_s: float
+) -> Granted:
+    store = services(request).store
+    if wait_s <= 0:
+        result = await store.acquire_lock(project, key, wanted, wait_alive_ms=None)
+        if isinstance(result.outcome, Granted):
+            return result.outcome
+        raise result.outcome.to_error()
+    disconnected = asyncio.Event()
+    watcher = asyncio.ensure_future(watch_disconnect(request.receive, disconnected))
+    try:
+        granted = await acquire_waiting(
+            store, services(request).waiters, project, key, wanted, wait_s, disconnected
+        )
+        await asyncio.sleep(0)  # let a disconnect that already arrived be seen
+        if disconnected.is_set() and granted.created:
+            # Never leave a lease with someone who is gone: hand it straight on.
+            await store.release_lock(project, key, wanted.lock_token)
+            raise ClientGone()
+        return granted
+    finally:
+        watcher.cancel()
+
+
+def _log_attempt(
+    svc: Any, log: dict[str, Any], outcome: str, status: int, started: float,
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    waited_ms = int((loop.time() - started) * 1000)
+    svc.access_log.write("lock.acquire", outcome=outcome, status=status, waited_ms=waited_ms, **log)
+
+
+acquire_route = endpoint(acquire)
+
+
+@endpoint
+async def renew(request: Request) -> Response:
+    svc = services(request)
+    principal = await svc.auth.authenticate(request, Role.MEMBER)
+    key = path_name(request, "key")
+    token = required_uuid_header(request, "x-lock-token")
+    required_uuid_header(request, "x-request-id")
+    body = decode_body(await read_body(request), schemas.RenewLockBody)
+    lease = await svc.store.renew_lock(principal.project, key, token, body.ttl_seconds)
+    return json_response(
+        200,
+        schemas.LeaseRenewal(
+            key=lease.key,
+            fencing_token=lease.fencing_token,
+            expires_at=format_at(lease.expires_ms) or "",
+            deadline_at=format_at(lease.deadline_ms) or "",
+        ),
+    )
+
+
+@endpoint
+async def release(request: Request) -> Response:
+    svc = services(request)
+    principal = await svc.auth.authenticate(request, Role.MEMBER)
+    key = path_name(request, "key")
+    token = required_uuid_header(request, "x-lock-token")
+    released = await svc.store.release_lock(principal.project, key, token)
+    return json_response(200, schemas.Released(released=released))
+
+
+@endpoint
+async def inspect(request: Request) -> Response:
+    svc = services(request)
+    principal = await svc.auth.authenticate(request, Role.READER)
+    key = path_name(request, "key")
+    view = await svc.store.get_lock(principal.project, key)
+    return json_response(200, lock_state(view))
+
+
+_LIST_PARAMS = {"prefix", "limit", "after"}
+_PREFIX_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-")
+
+
+def _list_query(request: Request) -> tuple[str, str | None, int]:
+    query = request.query_params
+    details = [
+        {"field": name, "message": "unknown query parameter"}
+        for name in query.keys()
+        if name not in _LIST_PARAMS
+    ]
+    prefix = query.get("prefix", "")
+    if len(prefix) > 128 or not set(prefix) <= _PREFIX_CHARS:
+        details.append({"field": "prefix", "message": "must be up to 128 name characters"})
+    after = query.get("after") or None
+    if after is not None and not is_valid_name(after):
+        details.append({"field": "after", "message": "must be a cursor from `next`"})
+    raw_limit = query.get("limit", str(DEFAULT_LIST_LIMIT))
+    limit = int(raw_limit) if raw_limit.isdigit() and len(raw_limit) <= 6 else 0
+    if not 1 <= limit <= MAX_LIST_LIMIT:
+        details.append({"field": "limit", "message": f"must be an integer 1..{MAX_LIST_LIMIT}"})
+    if details:
+        raise ValidationError(details)
+    return prefix, after, limit
+
+
+@endpoint
+async def list_locks(request: Request) -> Response:
+    svc = services(request)
+    principal = await svc.auth.authenticate(request, Role.READER)
+    prefix, after, limit = _list_query(request)
+    views = await svc.store.list_locks(principal.project, prefix, after, limit + 1)
+    more = len(views) > limit
+    views = views[:limit]
+    return json_response(
+        200,
+        schemas.LockList(
+            locks=[lock_state(v) for v in views], next=views[-1].key if more else None
+        ),
+    )
+
+
+@endpoint
+async def force_release(request: Request) -> Response:
+    """DELETE /v1/locks/{key}: always 200; afterwards no lease is live."""
+    svc = services(request)
+    principal = await svc.auth.authenticate(request, Role.ADMIN)
+    key = path_name(request, "key")
+    result = await svc.store.force_release(principal.project, key)
+    lease = result.lease
+    svc.access_log.write(
+        "lock.force_release",
+        released=lease is not None,
+        project=principal.project,
+        key_id=principal.key_id,
+        lock=key,
+        request_id=request_id(request),
+        fencing_token=None if lease is None else lease.fencing_token,
+        operation=None if lease is None else lease.operation,
+    )
+    if lease is None:
+        return json_response(
+            200,
+            schemas.NothingToRelease(
+                released=False, key=key, message="The lock was not held; nothing to release."
+            ),
+        )
+    return json_response(
+        200,
+        schemas.ForceReleasedLease(
+            released=True,
+            key=key,
+            operation=lease.operation,
+            fencing_token=lease.fencing_token,
+            age_ms=result.now_ms - lease.acquired_ms,
+            expires_in_ms=lease.expires_ms - result.now_ms,
+        ),
+    )

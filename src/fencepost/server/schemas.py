@@ -1,0 +1,169 @@
+"""Request and response bodies (SPEC §3, §5) as msgspec Structs.
+
+Requests forbid unknown fields so a typo (`ttl` for `ttl_seconds`) is a 422,
+never silently ignored. The same types generate the OpenAPI schemas.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+from fencepost.core.leases import TTL_MAX_SECONDS, TTL_MIN_SECONDS
+
+TtlSeconds = Annotated[
+    int,
+    Meta(ge=TTL_MIN_SECONDS, le=TTL_MAX_SECONDS, description="Lease length in seconds."),
+]
+WaitSeconds = Annotated[
+    float, Meta(ge=0, le=300, description="How long to wait in line; 0 fails fast.")
+]
+Operation = Annotated[str, Meta(min_length=1, max_length=64)]
+At = Annotated[str, Meta(description="RFC 3339 UTC time with milliseconds and Z.")]
+MAX_METADATA_BYTES = 4096
+
+
+class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    pass
+
+
+class AcquireLockBody(Request):
+    ttl_seconds: TtlSeconds
+    wait_seconds: WaitSeconds = 0.0
+    operation: Operation | None = None
+    metadata: dict[str, Any] | None = None
+    on_expiry: Literal["release", "keep"] = "release"
+
+
+class RenewLockBody(Request):
+    ttl_seconds: TtlSeconds
+
+
+class LeaseGrant(msgspec.Struct):
+    key: str
+    fencing_token: int
+    acquired_at: At
+    expires_at: At
+    deadline_at: At
+    operation: str | None
+    on_expiry: Literal["release", "keep"]
+
+
+class LeaseRenewal(msgspec.Struct):
+    key: str
+    fencing_token: int
+    expires_at: At
+    deadline_at: At
+
+
+class Released(msgspec.Struct):
+    released: bool
+
+
+class LockState(msgspec.Struct):
+    key: str
+    held: bool
+    fencing_token: int | None
+    operation: str | None
+    acquired_at: At | None
+    expires_at: At | None
+    deadline_at: At | None
+    on_expiry: Literal["release", "keep"] | None
+    overdue: bool
+    metadata: dict[str, Any] | None
+    waiters: int
+
+
+class LockList(msgspec.Struct):
+    locks: list[LockState]
+    next: str | None
+
+
+class ForceReleasedLease(msgspec.Struct):
+    released: Literal[True]
+    key: str
+    operation: str | None
+    fencing_token: int
+    age_ms: int
+    expires_in_ms: int
+
+
+class NothingToRelease(msgspec.Struct):
+    released: Literal[False]
+    key: str
+    message: str
+
+
+RoleName = Literal["admin", "member", "reader"]
+
+
+class CreateKeyBody(Request):
+    role: RoleName
+    name: Annotated[str, Meta(min_length=1, max_length=128)] | None = None
+    expires_in_seconds: Annotated[int, Meta(ge=1, le=315_360_000)] | None = None
+    allow_ips: Annotated[list[Annotated[str, Meta(max_length=64)]], Meta(max_length=64)] | None = (
+        None
+    )
+    rpm_quota: Annotated[int, Meta(ge=1, le=1_000_000)] | None = None
+
+
+class KeyInfo(msgspec.Struct):
+    id: str
+    role: RoleName
+    name: str | None
+    project: str
+    expires_at: At | None
+    allow_ips: list[str]
+    rpm_quota: int | None
+    created_at: At
+    revoked_at: At | None
+
+
+class CreatedKey(msgspec.Struct):
+    id: str
+    key: str
+    role: RoleName
+    name: str | None
+    project: str
+    expires_at: At | None
+    allow_ips: list[str]
+    rpm_quota: int | None
+    created_at: At
+
+
+class KeyList(msgspec.Struct):
+    keys: list[KeyInfo]
+
+
+class Revoked(msgspec.Struct):
+    revoked: bool
+
+
+class WhoAmI(msgspec.Struct):
+    project: str
+    key_id: str
+    role: RoleName
+
+
+class Health(msgspec.Struct):
+    status: str
+    store: str
+    version: str
+
+
+class ErrorDetail(msgspec.Struct):
+    field: str
+    message: str
+
+
+class ErrorInfo(msgspec.Struct):
+    code: str
+    message: str
+    details: list[ErrorDetail] | None = None
+    retry_after_ms: int | None = None
+
+
+class ErrorBody(msgspec.Struct):
+    error: ErrorInfo

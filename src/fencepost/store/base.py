@@ -1,0 +1,141 @@
+"""The Store protocol: everything the server asks of durable state.
+
+Every backend implements it and passes the same conformance suite. Each method
+is one atomic transaction; expiry is judged by the store's own clock (the
+server's for SQLite, the database's for PostgreSQL), never the caller's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+from fencepost.core.keys import Role
+from fencepost.core.leases import AcquireRequest, Busy, Granted, Lease
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRecord:
+    id: str
+    project: str
+    role: Role
+    name: str | None
+    secret_hash: str
+    created_ms: int
+    expires_ms: int | None
+    allow_ips: list[str]
+    rpm_quota: int | None
+    revoked_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class NewKey:
+    role: Role
+    name: str | None = None
+    expires_in_ms: int | None = None
+    allow_ips: list[str] = field(default_factory=list)
+    rpm_quota: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AcquireResult:
+    outcome: Granted | Busy
+    ticket: int | None = None  # set when the caller was put in line to wait
+
+
+@dataclass(frozen=True, slots=True)
+class LockView:
+    key: str
+    lease: Lease | None  # None: not held (never held, released, or dead)
+    waiters: int
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ForceReleased:
+    key: str
+    lease: Lease | None  # the displaced lease, or None when nothing was held
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class LockFreed:
+    """A lock may now be grantable: released, force-released, expired, or a waiter left."""
+
+    project: str
+    key: str
+
+
+FreedListener = Callable[[LockFreed], None]
+
+
+class Store(Protocol):
+    """Durable state. All methods are coroutines safe to call concurrently."""
+
+    url_scheme: str
+
+    async def open(self) -> None:
+        """Connect, create or migrate the schema, and start background work."""
+
+    async def close(self) -> None: ...
+
+    async def ping(self) -> None:
+        """Raise StoreUnavailable unless the store answers."""
+
+    def add_freed_listener(self, listener: FreedListener) -> None:
+        """Call `listener` (on the event loop) after a commit that may free a lock."""
+
+    async def now_ms(self) -> int:
+        """The store's clock: the one time authority for expiry."""
+
+    # --- projects and keys -------------------------------------------------
+    async def bootstrap(self, secret: str | None) -> str | None:
+        """When the store holds no key: create project `default` and an admin key
+        (with `secret`, or a generated one) and return its secret. Otherwise None."""
+
+    async def create_project(self, name: str) -> str:
+        """Create a project with a first admin key; return the key's secret.
+        Raises Conflict when the project exists."""
+
+    async def create_key(self, project: str, new: NewKey) -> tuple[KeyRecord, str]: ...
+
+    async def list_keys(self, project: str) -> list[KeyRecord]: ...
+
+    async def revoke_key(self, project: str, key_id: str) -> bool:
+        """False when the project has no such key."""
+
+    async def find_key(self, secret: str) -> KeyRecord | None:
+        """The key whose secret this is (revoked and expired keys included)."""
+
+    # --- locks ---------------------------------------------------------------
+    async def acquire_lock(
+        self, project: str, key: str, request: AcquireRequest, *, wait_alive_ms: int | None
+    ) -> AcquireResult:
+        """Grant, repeat, or refuse. When refused and `wait_alive_ms` is given, also
+        put the caller at the back of the line (the ticket is in the result)."""
+
+    async def retry_waiter(
+        self, project: str, key: str, request: AcquireRequest, ticket: int, alive_ms: int
+    ) -> AcquireResult:
+        """Grant to a waiter if the lock is free and no live waiter is ahead of it;
+        otherwise keep it in line for `alive_ms` more. The result's ticket is the
+        caller's (possibly new) ticket while it still waits."""
+
+    async def leave_line(self, project: str, key: str, ticket: int) -> None: ...
+
+    async def renew_lock(self, project: str, key: str, lock_token: str, ttl_seconds: int) -> Lease:
+        """Raises LeaseLost or LeaseExpired."""
+
+    async def release_lock(self, project: str, key: str, lock_token: str) -> bool: ...
+
+    async def force_release(self, project: str, key: str) -> ForceReleased: ...
+
+    async def get_lock(self, project: str, key: str) -> LockView: ...
+
+    async def list_locks(
+        self, project: str, prefix: str, after: str | None, limit: int
+    ) -> list[LockView]:
+        """Held locks with keys starting with `prefix`, sorted by key, after `after`."""
+
+    async def reap(self) -> int:
+        """Free every dead lease and drop dead waiters; return how many leases."""

@@ -1,0 +1,429 @@
+"""SPEC §3.1 waiting (fair FIFO line, wake-ups, disconnects) and the expiry reaper."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import pytest
+
+from support import ServerProcess, lock_headers, new_token, unique_name
+
+
+def parse_ts(value: str) -> datetime:
+    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+
+
+def error_of(resp: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    assert resp.status_code == status, resp.text
+    body = resp.json()
+    assert set(body) == {"error"}, body
+    err = body["error"]
+    assert err["code"] == code, body
+    assert isinstance(err["message"], str) and err["message"], body
+    return dict(err)
+
+
+def acquire(c: httpx.Client, key: str, token: str, ttl: int = 30, **body: Any) -> httpx.Response:
+    return c.put(f"/v1/locks/{key}/lease", headers=lock_headers(token),
+                 json={"ttl_seconds": ttl, **body})
+
+
+def release(c: httpx.Client, key: str, token: str) -> httpx.Response:
+    return c.delete(f"/v1/locks/{key}/lease", headers={"X-Lock-Token": token})
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 5.0, interval: float = 0.02) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() >= deadline:
+            return value
+        time.sleep(interval)
+
+
+def waiters(c: httpx.Client, key: str) -> int:
+    return int(c.get(f"/v1/locks/{key}").json()["waiters"])
+
+
+def sleep_until(moment: float) -> None:
+    time.sleep(max(0.0, moment - time.monotonic()))
+
+
+@dataclass
+class Waiter:
+    name: str
+    token: str
+    thread: threading.Thread | None = None
+    response: httpx.Response | None = None
+    error: BaseException | None = None
+    started_at: float = 0.0
+    done_at: float = 0.0
+    released_at: float = 0.0
+
+    def join(self, timeout: float = 60.0) -> httpx.Response:
+        assert self.thread is not None
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), f"{self.name} still waiting"
+        if self.error is not None:
+            raise self.error
+        assert self.response is not None
+        return self.response
+
+
+def start_waiter(
+    server: ServerProcess, api_key: str, key: str, name: str, wait_seconds: float,
+    ttl: int = 30, on_grant: Callable[[httpx.Client, Waiter], None] | None = None,
+) -> Waiter:
+    waiter = Waiter(name=name, token=new_token())
+
+    def run() -> None:
+        try:
+            with server.client(api_key) as c:
+                waiter.started_at = time.monotonic()
+                waiter.response = acquire(c, key, waiter.token, ttl=ttl,
+                                          wait_seconds=wait_seconds)
+                waiter.done_at = time.monotonic()
+                if on_grant is not None and waiter.response.status_code == 201:
+                    on_grant(c, waiter)
+        except Exception as exc:  # surfaced by join()
+            waiter.error = exc
+
+    waiter.thread = threading.Thread(target=run, name=name, daemon=True)
+    waiter.thread.start()
+    return waiter
+
+
+@pytest.fixture(scope="module")
+def member_key(server: ServerProcess) -> str:
+    return str(server.create_key("member", name="waiting-tests")["key"])
+
+
+@pytest.fixture
+def member(server: ServerProcess, member_key: str) -> Any:
+    with server.client(member_key) as c:
+        yield c
+
+
+# --- fairness ----------------------------------------------------------------------------------
+
+
+def test_waiters_are_granted_in_arrival_order(
+    server: ServerProcess, member_key: str, member: httpx.Client,
+) -> None:
+    key, holder = unique_name("fifo"), new_token()
+    first = acquire(member, key, holder, ttl=60)
+    assert first.status_code == 201
+    order: list[str] = []
+    order_lock = threading.Lock()
+
+    def on_grant(c: httpx.Client, w: Waiter) -> None:
+        with order_lock:
+            order.append(w.name)
+        time.sleep(0.2)
+        w.released_at = time.monotonic()
+        assert release(c, key, w.token).json() == {"released": True}
+
+    line: list[Waiter] = []
+    for i, name in enumerate(("w1", "w2", "w3"), start=1):
+        line.append(start_waiter(server, member_key, key, name, wait_seconds=30,
+                                 on_grant=on_grant))
+        assert wait_for(lambda n=i: waiters(member, key) == n), f"{name} never got in line"
+        time.sleep(0.05)
+
+    assert member.get(f"/v1/locks/{key}").json()["waiters"] == 3
+    assert release(member, key, holder).json() == {"released": True}
+    responses = [w.join() for w in line]
+
+    for r in responses:
+        assert r.status_code == 201, r.text
+    assert order == ["w1", "w2", "w3"]
+    tokens = [first.json()["fencing_token"]] + [r.json()["fencing_token"] for r in responses]
+    assert all(a < b for a, b in itertools.pairwise(tokens)), tokens
+    # Mutual exclusion: each waiter was granted only after the one before it released.
+    for before, after in itertools.pairwise(line):
+        assert after.done_at >= before.released_at
+    state = member.get(f"/v1/locks/{key}").json()
+    assert state["held"] is False
+    assert state["waiters"] == 0
+
+
+def test_waiter_is_granted_promptly_after_release(
+    server: ServerProcess, member_key: str, member: httpx.Client,
+) -> None:
+    key, holder = unique_name("prompt"), new_token()
+    first = acquire(member, key, holder, ttl=60)
+    assert first.status_code == 201
+    w = start_waiter(server, member_key, key, "w", wait_seconds=30)
+    assert wait_for(lambda: waiters(member, key) == 1)
+
+    released_at = time.monotonic()
+    assert release(member, key, holder).json() == {"released": True}
+    resp = w.join()
+    assert resp.status_code == 201, resp.text
+    assert w.done_at - released_at < 1.0
+    body = resp.json()
+    assert body["fencing_token"] > first.json()["fencing_token"]
+    assert body["key"] == key
+    assert parse_ts(body["acquired_at"]) >= parse_ts(first.json()["acquired_at"])
+    state = member.get(f"/v1/locks/{key}").json()
+    assert state["held"] is True
+    assert state["fencing_token"] == body["fencing_token"]
+    assert state["waiters"] == 0
+
+
+def test_fail_fast_acquire_does_not_jump_ahead_of_a_waiter(
+    server: ServerProcess, member_key: str, member: httpx.Client,
+) -> None:
+    key, holder = unique_name("jump"), new_token()
+    assert acquire(member, key, holder, ttl=60).status_code == 201
+    w = start_waiter(server, member_key, key, "w", wait_seconds=10)
+    assert wait_for(lambda: waiters(member, key) == 1)
+
+    # While held, the fail-fast caller is simply refused.
+    error_of(acquire(member, key, new_token()), 409, "lock_held")
+
+    # Hammer fail-fast acquires across the moment the lock is released: none may win.
+    jumper = new_token()
+    stop = threading.Event()
+    statuses: list[int] = []
+    status_lock = threading.Lock()
+
+    def hammer() -> None:
+        with server.client(member_key) as c:
+            while not stop.is_set():
+                code = acquire(c, key, jumper, ttl=60).status_code
+                with status_lock:
+                    statuses.append(code)
+
+    hammers = [threading.Thread(target=hammer, daemon=True) for _ in range(4)]
+    for t in hammers:
+        t.start()
+    time.sleep(0.2)
+    assert release(member, key, holder).json() == {"released": True}
+    resp = w.join(timeout=30)
+    time.sleep(0.1)
+    stop.set()
+    for t in hammers:
+        t.join(10)
+
+    assert resp.status_code == 201, resp.text
+    assert statuses, "hammer threads sent nothing"
+    assert set(statuses) == {409}, sorted(set(statuses))
+    assert member.get(f"/v1/locks/{key}").json()["fencing_token"] == resp.json()["fencing_token"]
+
+
+def test_fail_fast_acquire_while_a_waiter_is_in_line_is_refused(
+    server: ServerProcess, member_key: str, member: httpx.Client,
+) -> None:
+    key, holder = unique_name("line"), new_token()
+    assert acquire(member, key, holder, ttl=60).status_code == 201
+    w = start_waiter(server, member_key, key, "w", wait_seconds=30)
+    assert wait_for(lambda: waiters(member, key) == 1)
+    late = start_waiter(server, member_key, key, "late", wait_seconds=30)
+    assert wait_for(lambda: waiters(member, key) == 2)
+
+    assert release(member, key, holder).json() == {"released": True}
+    first = w.join()
+    assert first.status_code == 201, first.text
+    # The second in line is still waiting; a newcomer with wait_seconds=0 is refused.
+    error_of(acquire(member, key, new_token()), 409, "lock_held")
+    assert release(member, key, w.token).json() == {"released": True}
+    second = late.join()
+    assert second.status_code == 201, second.text
+    assert second.json()["fencing_token"] > first.json()["fencing_token"]
+
+
+def test_waiting_for_a_free_lock_is_granted_at_once(member: httpx.Client) -> None:
+    started = time.monotonic()
+    resp = acquire(member, unique_name(), new_token(), ttl=30, wait_seconds=30)
+    assert resp.status_code == 201, resp.text
+    assert time.monotonic() - started < 5
+
+
+def test_wait_timeout_is_409_lock_held(
+    server: ServerProcess, member_key: str, member: httpx.Client,
+) -> None:
+    key = unique_name("timeout")
+    assert acquire(member, key, new_token(), ttl=60, operation="deploy").status_code == 201
+    started = time.monotonic()
+    resp = acquire(member, key, new_token(), ttl=30, wait_seconds=1)
+    elapsed = time.monotonic() - started
+    err = error_of(resp, 409, "lock_held")
+    assert elapsed >= 0.95
+    assert elapsed < 10
+    assert err["operation"] == "deploy"
+    assert isinstance(err["expires_in_ms"], int) and 0 < err["expires_in_ms"] <= 60_000
+    assert "retry-after" in resp.headers
+    assert waiters(member, key) == 0
+
+
+# --- disconnects -------------------------------------------------------------------------------
+
+
+def park_raw_waiter(
+    server: ServerProcess, api_key: str, key: str, token: str, request_id: str,
+    wait_seconds: float = 30, ttl: int = 60,
+) -> socket.socket:
+    body = json.dumps({"ttl_seconds": ttl, "wait_seconds": wait_seconds}).encode()
+    head = (
+        f"PUT /v1/locks/{key}/lease HTTP/1.1\r\n"
+        f"Host: 127.0.0.1:{server.port}\r\n"
+        f"Authorization: Bearer {api_key}\r\n"
+        f"X-Lock-Token: {token}\r\n"
+        f"X-Request-Id: {request_id}\r\n"
+        "Content-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        "\r\n"
+    ).encode()
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    sock.sendall(head + body)
+    return sock
+
+
+def hang_up(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()
+
+
+def test_disconnected_waiter_is_never_granted(
+    server: ServerProcess, member_key: str, member: httpx.Client,
+) -> None:
+    key, holder = unique_name("gone"), new_token()
+    assert acquire(member, key, holder, ttl=60).status_code == 201
+    ghost, ghost_rid = new_token(), str(uuid.uuid4())
+    sock = park_raw_waiter(server, member_key, key, ghost, ghost_rid, ttl=60)
+    assert wait_for(lambda: waiters(member, key) == 1), "raw waiter never got in line"
+    hang_up(sock)
+    time.sleep(0.3)
+
+    assert release(member, key, holder).json() == {"released": True}
+    # The lock ends up free: nobody (least of all the ghost) holds it.
+    assert wait_for(lambda: member.get(f"/v1/locks/{key}").json()["held"] is False, timeout=2.0)
+    time.sleep(0.3)
+    state = member.get(f"/v1/locks/{key}").json()
+    assert state["held"] is False, state
+    assert state["waiters"] == 0
+    renew = member.patch(f"/v1/locks/{key}/lease", headers=lock_headers(ghost),
+                         json={"ttl_seconds": 30})
+    error_of(renew, 409, "lease_lost")
+    # No phantom waiter blocks a fail-fast newcomer.
+    newcomer = acquire(member, key, new_token(), ttl=30)
+    assert newcomer.status_code == 201, newcomer.text
+
+    def ghost_entries() -> list[dict[str, Any]]:
+        return [e for e in server.access_log_lines()
+                if e.get("event") == "lock.acquire" and e.get("request_id") == ghost_rid]
+
+    entries = wait_for(ghost_entries, timeout=3.0)
+    assert entries, "no access log entry for the disconnected waiter"
+    assert [e["outcome"] for e in entries] == ["disconnected"], entries
+
+
+def test_disconnected_waiter_is_skipped_for_the_next_in_line(
+    server: ServerProcess, member_key: str, member: httpx.Client,
+) -> None:
+    key, holder = unique_name("skip"), new_token()
+    first = acquire(member, key, holder, ttl=60)
+    assert first.status_code == 201
+    ghost = new_token()
+    sock = park_raw_waiter(server, member_key, key, ghost, str(uuid.uuid4()), ttl=60)
+    assert wait_for(lambda: waiters(member, key) == 1), "raw waiter never got in line"
+    # If the ghost were granted its 60 s lease, this waiter would time out.
+    later = start_waiter(server, member_key, key, "later", wait_seconds=10)
+    assert wait_for(lambda: waiters(member, key) == 2)
+    hang_up(sock)
+    time.sleep(0.3)
+
+    assert release(member, key, holder).json() == {"released": True}
+    resp = later.join(timeout=30)
+    assert resp.status_code == 201, resp.text
+    state = member.get(f"/v1/locks/{key}").json()
+    assert state["held"] is True
+    assert state["fencing_token"] == resp.json()["fencing_token"]
+    assert state["waiters"] == 0
+    assert release(member, key, ghost).json() == {"released": False}
+    assert release(member, key, later.token).json() == {"released": True}
+
+
+# --- expiry, force release, reaper -------------------------------------------------------------
+
+
+def test_expiry_wakes_a_waiter_but_not_before_expires_at(
+    server: ServerProcess, member_key: str, member: httpx.Client,
+) -> None:
+    key = unique_name("expiry")
+    sent = time.monotonic()
+    holder = acquire(member, key, new_token(), ttl=5)
+    assert holder.status_code == 201
+    w = start_waiter(server, member_key, key, "w", wait_seconds=15)
+    resp = w.join(timeout=30)
+    assert resp.status_code == 201, resp.text
+    # Mutual exclusion: not granted before the holder's lease ended ...
+    assert w.done_at - sent >= 5.0
+    assert parse_ts(resp.json()["acquired_at"]) >= parse_ts(holder.json()["expires_at"])
+    # ... and woken by the expiry itself (leniently: well before its own 15 s wait ran out).
+    assert w.done_at - sent < 5.0 + 3.0
+    assert resp.json()["fencing_token"] > holder.json()["fencing_token"]
+
+
+def test_expiry_of_a_keep_lease_does_not_wake_waiters(
+    server: ServerProcess, member_key: str, member: httpx.Client,
+) -> None:
+    key = unique_name("keep")
+    holder = acquire(member, key, new_token(), ttl=5, on_expiry="keep", operation="slow")
+    assert holder.status_code == 201
+    resp = acquire(member, key, new_token(), ttl=30, wait_seconds=7)
+    err = error_of(resp, 409, "lock_held")
+    assert err["operation"] == "slow"
+    assert err["expires_in_ms"] < 0
+    assert "retry-after" not in resp.headers
+    state = member.get(f"/v1/locks/{key}").json()
+    assert state["held"] is True
+    assert state["overdue"] is True
+    assert state["fencing_token"] == holder.json()["fencing_token"]
+
+
+def test_force_release_wakes_a_waiter(
+    server: ServerProcess, member_key: str, member: httpx.Client,
+) -> None:
+    key = unique_name("forced")
+    holder = acquire(member, key, new_token(), ttl=60)
+    assert holder.status_code == 201
+    w = start_waiter(server, member_key, key, "w", wait_seconds=30)
+    assert wait_for(lambda: waiters(member, key) == 1)
+    forced_at = time.monotonic()
+    with server.client() as admin:
+        assert admin.delete(f"/v1/locks/{key}").json()["released"] is True
+    resp = w.join()
+    assert resp.status_code == 201, resp.text
+    assert w.done_at - forced_at < 1.0
+    assert resp.json()["fencing_token"] > holder.json()["fencing_token"]
+
+
+def test_reaper_frees_an_expired_release_lease_nobody_touches(member: httpx.Client) -> None:
+    prefix = unique_name("reap") + "."
+    key = prefix + "k"
+    sent = time.monotonic()
+    grant = acquire(member, key, new_token(), ttl=5)
+    assert grant.status_code == 201
+    sleep_until(sent + 6.2)
+    listed = member.get("/v1/locks", params={"prefix": prefix}).json()
+    assert listed["locks"] == []
+    state = member.get(f"/v1/locks/{key}").json()
+    assert state["held"] is False, state
+    nxt = acquire(member, key, new_token())
+    assert nxt.status_code == 201
+    assert nxt.json()["fencing_token"] > grant.json()["fencing_token"]
