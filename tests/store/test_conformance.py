@@ -1,0 +1,221 @@
+"""The Store protocol's behaviour, identical on every backend."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from fencepost.core.keys import Role
+from fencepost.core.leases import AcquireRequest, Busy, Granted, OnExpiry
+from fencepost.errors import Conflict, LeaseExpired, LeaseLost
+from fencepost.store.base import LockFreed, NewKey
+
+P = "default"
+
+
+def token() -> str:
+    return str(uuid.uuid4())
+
+
+def req(tok: str | None = None, ttl: int = 30, **kw) -> AcquireRequest:
+    return AcquireRequest(tok or token(), ttl, **kw)
+
+
+async def grant(store, key="k", tok=None, ttl=30, **kw):
+    result = await store.acquire_lock(P, key, req(tok, ttl, **kw), wait_alive_ms=None)
+    assert isinstance(result.outcome, Granted), result
+    return result.outcome.lease
+
+
+async def test_grant_then_refuse_then_repeat(store):
+    a, b = token(), token()
+    lease = await grant(store, tok=a)
+    refused = await store.acquire_lock(P, "k", req(b), wait_alive_ms=None)
+    assert isinstance(refused.outcome, Busy) and refused.outcome.holder == lease
+    again = await store.acquire_lock(P, "k", req(a, ttl=99), wait_alive_ms=None)
+    assert isinstance(again.outcome, Granted) and not again.outcome.created
+    assert again.outcome.lease == lease
+
+
+async def test_concurrent_acquires_grant_exactly_one(store):
+    results = await asyncio.gather(
+        *(store.acquire_lock(P, "hot", req(), wait_alive_ms=None) for _ in range(64))
+    )
+    assert sum(isinstance(r.outcome, Granted) for r in results) == 1
+
+
+async def test_fencing_tokens_rise_across_keys_and_reopen(store, tmp_path, clock):
+    first = await grant(store, "a")
+    second = await grant(store, "b")
+    assert second.fencing_token > first.fencing_token
+    await store.close()
+    reopened = type(store)(store.path, clock_ms=clock)
+    await reopened.open()
+    try:
+        third = await grant(reopened, "c")
+        assert third.fencing_token > second.fencing_token
+        # the acknowledged lease survived the reopen
+        view = await reopened.get_lock(P, "a")
+        assert view.lease == first
+    finally:
+        await reopened.close()
+        await store.open()  # the fixture closes it again
+
+
+async def test_expiry_by_the_store_clock(store, clock):
+    a = token()
+    await grant(store, tok=a, ttl=10)
+    clock.advance(10_000)
+    view = await store.get_lock(P, "k")
+    assert view.lease is None
+    lease = await grant(store, ttl=10)
+    assert lease.lock_token != a
+    with pytest.raises(LeaseLost) as info:
+        await store.renew_lock(P, "k", a, 30)
+    assert info.value.extra["reason"] == "superseded"
+
+
+async def test_renew_rules(store, clock):
+    a = token()
+    lease = await grant(store, tok=a, ttl=10)
+    clock.advance(5_000)
+    renewed = await store.renew_lock(P, "k", a, 5)
+    assert renewed.expires_ms == clock.now + 5_000
+    assert renewed.fencing_token == lease.fencing_token
+    clock.advance(4_000)  # 1 s left
+    with pytest.raises(LeaseExpired):
+        await store.renew_lock(P, "k", a, 30)
+    view = await store.get_lock(P, "k")
+    assert view.lease is not None and view.lease.expires_ms == renewed.expires_ms
+
+
+async def test_release_and_reasons(store):
+    a = token()
+    await grant(store, tok=a)
+    assert await store.release_lock(P, "k", a) is True
+    assert await store.release_lock(P, "k", a) is False
+    with pytest.raises(LeaseLost) as info:
+        await store.renew_lock(P, "k", a, 30)
+    assert info.value.extra["reason"] == "released"
+
+
+async def test_force_release(store, clock):
+    a = token()
+    lease = await grant(store, tok=a, operation="deploy")
+    clock.advance(1_234)
+    result = await store.force_release(P, "k")
+    assert result.lease == lease and result.now_ms - lease.acquired_ms == 1_234
+    assert (await store.force_release(P, "k")).lease is None
+    with pytest.raises(LeaseLost) as info:
+        await store.renew_lock(P, "k", a, 30)
+    assert info.value.extra["reason"] == "force_released"
+
+
+async def test_keep_lease_outlives_expiry_until_deadline(store, clock):
+    a = token()
+    lease = await grant(store, tok=a, ttl=5, on_expiry=OnExpiry.KEEP)
+    clock.advance(60_000)
+    assert await store.reap() == 0
+    assert (await store.get_lock(P, "k")).lease == lease
+    renewed = await store.renew_lock(P, "k", a, 5)
+    assert renewed.expires_ms == clock.now + 5_000
+    clock.now = lease.deadline_ms
+    assert await store.reap() == 1
+    assert (await store.get_lock(P, "k")).lease is None
+
+
+async def test_reaper_frees_dead_leases_and_announces_them(store, clock):
+    events: list[LockFreed] = []
+    store.add_freed_listener(events.append)
+    await grant(store, "dies", ttl=5)
+    await grant(store, "lives", ttl=60)
+    clock.advance(5_000)
+    assert await store.reap() == 1
+    await asyncio.sleep(0)
+    assert LockFreed(P, "dies") in events
+    assert await store.reap() == 0  # idempotent
+    assert (await store.get_lock(P, "lives")).lease is not None
+
+
+async def test_waiters_are_granted_in_ticket_order(store):
+    holder = token()
+    await grant(store, tok=holder)
+    w1, w2 = req(), req()
+    r1 = await store.acquire_lock(P, "k", w1, wait_alive_ms=5_000)
+    r2 = await store.acquire_lock(P, "k", w2, wait_alive_ms=5_000)
+    assert r1.ticket is not None and r2.ticket is not None and r1.ticket < r2.ticket
+    assert (await store.get_lock(P, "k")).waiters == 2
+    await store.release_lock(P, "k", holder)
+    # a fail-fast caller does not jump the line, nor does the second waiter
+    assert isinstance((await store.acquire_lock(P, "k", req(), wait_alive_ms=None)).outcome, Busy)
+    assert isinstance((await store.retry_waiter(P, "k", w2, r2.ticket, 5_000)).outcome, Busy)
+    first = await store.retry_waiter(P, "k", w1, r1.ticket, 5_000)
+    assert isinstance(first.outcome, Granted) and first.outcome.lease.lock_token == w1.lock_token
+
+
+async def test_a_dead_waiter_does_not_block_the_line(store, clock):
+    holder = token()
+    await grant(store, tok=holder)
+    ghost = await store.acquire_lock(P, "k", req(), wait_alive_ms=2_000)
+    w2 = req()
+    r2 = await store.acquire_lock(P, "k", w2, wait_alive_ms=10_000)
+    await store.release_lock(P, "k", holder)
+    clock.advance(2_000)  # the ghost stopped refreshing its place
+    assert ghost.ticket is not None
+    granted = await store.retry_waiter(P, "k", w2, r2.ticket, 5_000)
+    assert isinstance(granted.outcome, Granted)
+
+
+async def test_leaving_the_line_wakes_the_next(store):
+    events: list[LockFreed] = []
+    store.add_freed_listener(events.append)
+    await grant(store)
+    r = await store.acquire_lock(P, "k", req(), wait_alive_ms=5_000)
+    await store.leave_line(P, "k", r.ticket)
+    await asyncio.sleep(0)
+    assert LockFreed(P, "k") in events
+    assert (await store.get_lock(P, "k")).waiters == 0
+
+
+async def test_list_locks_pages_by_key(store):
+    for name in ["b", "a", "c", "ab", "x"]:
+        await grant(store, name)
+    page = await store.list_locks(P, "a", None, 10)
+    assert [v.key for v in page] == ["a", "ab"]
+    first = await store.list_locks(P, "", None, 2)
+    assert [v.key for v in first] == ["a", "ab"]
+    rest = await store.list_locks(P, "", "ab", 10)
+    assert [v.key for v in rest] == ["b", "c", "x"]
+
+
+async def test_projects_are_isolated(store):
+    secret = await store.create_project("other")
+    other = await store.find_key(secret)
+    assert other is not None and other.project == "other" and other.role is Role.ADMIN
+    await grant(store, "same")
+    result = await store.acquire_lock("other", "same", req(), wait_alive_ms=None)
+    assert isinstance(result.outcome, Granted)
+    with pytest.raises(Conflict):
+        await store.create_project("other")
+
+
+async def test_keys_bootstrap_create_find_revoke(store, clock):
+    secret = await store.bootstrap("b" * 40)
+    assert secret == "b" * 40
+    assert await store.bootstrap(None) is None  # only once
+    admin = await store.find_key(secret)
+    assert admin is not None and admin.role is Role.ADMIN and admin.project == "default"
+    clock.advance(1)  # keys are listed in creation order
+    record, member_secret = await store.create_key(
+        "default", NewKey(Role.MEMBER, name="ci", expires_in_ms=1_000, rpm_quota=5)
+    )
+    assert record.secret_hash != member_secret and member_secret not in repr(record)
+    found = await store.find_key(member_secret)
+    assert found == record and found.expires_ms == clock.now + 1_000
+    assert await store.find_key("nope") is None
+    assert await store.revoke_key("elsewhere", record.id) is False
+    assert await store.revoke_key("default", record.id) is True
+    assert (await store.find_key(member_secret)).revoked_ms is not None
+    assert [k.id for k in await store.list_keys("default")] == [admin.id, record.id]
