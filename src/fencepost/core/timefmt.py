@@ -6,6 +6,7 @@ Internally every instant is an integer count of Unix epoch milliseconds.
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from functools import lru_cache
 
 MS_PER_SECOND = 1000
 MS_PER_DAY = 86_400_000
@@ -16,5 +17,10 @@ def format_at(epoch_ms: int | None) -> str | None:
     if epoch_ms is None:
         return None
     seconds, millis = divmod(epoch_ms, MS_PER_SECOND)
-    stamp = datetime.fromtimestamp(seconds, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
-    return f"{stamp}.{millis:03d}Z"
+    return f"{_second_stamp(seconds)}.{millis:03d}Z"
+
+
+@lru_cache(maxsize=4096)
+def _second_stamp(seconds: int) -> str:
+    # Cached: on the hot path most stamps fall in the same few seconds.
+    return datetime.fromtimestamp(seconds, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
