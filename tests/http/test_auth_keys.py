@@ -331,6 +331,24 @@ def test_ip_inside_allowlist_works(server: ServerProcess, allow: list[str]) -> N
     assert acquire(server, unique_name("ip"), new_token(), created["key"]).status_code == 201
 
 
+@pytest.mark.parametrize("allow,forwarded,expected", [
+    (["10.0.0.0/8"], "10.1.2.3", 403),
+    (["10.0.0.0/8"], "127.0.0.1, 10.1.2.3", 403),
+    (["127.0.0.1/32"], "10.1.2.3", 200),
+])
+def test_forwarded_headers_do_not_change_the_caller_ip(server: ServerProcess, allow: list[str],
+                                                       forwarded: str, expected: int) -> None:
+    """The caller is the peer of the TCP connection (127.0.0.1 here). The server is not
+    configured to sit behind a proxy, so a header the caller writes itself must neither
+    open nor close the allowlist."""
+    created = server.create_key("member", allow_ips=allow)
+    with server.client(created["key"]) as c:
+        resp = c.get("/v1/whoami", headers={"X-Forwarded-For": forwarded,
+                                            "Forwarded": f"for={forwarded.split(',')[-1].strip()}",
+                                            "X-Real-IP": forwarded.split(",")[-1].strip()})
+    assert resp.status_code == expected, resp.text
+
+
 # --- quotas ----------------------------------------------------------------------------------
 
 

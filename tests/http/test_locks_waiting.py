@@ -114,6 +114,33 @@ def member(server: ServerProcess, member_key: str) -> Any:
         yield c
 
 
+class Hammer:
+    """Threads sending fail-fast acquires with one token until stopped."""
+
+    def __init__(self, server: ServerProcess, api_key: str, key: str, threads: int = 4) -> None:
+        self.token = new_token()
+        self.statuses: list[int] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+
+        def run() -> None:
+            with server.client(api_key) as c:
+                while not self._stop.is_set():
+                    code = acquire(c, key, self.token, ttl=60).status_code
+                    with self._lock:
+                        self.statuses.append(code)
+
+        self._threads = [threading.Thread(target=run, daemon=True) for _ in range(threads)]
+        for t in self._threads:
+            t.start()
+
+    def stop(self) -> list[int]:
+        self._stop.set()
+        for t in self._threads:
+            t.join(10)
+        return list(self.statuses)
+
+
 # --- fairness ----------------------------------------------------------------------------------
 
 
@@ -193,28 +220,12 @@ def test_fail_fast_acquire_does_not_jump_ahead_of_a_waiter(
     error_of(acquire(member, key, new_token()), 409, "lock_held")
 
     # Hammer fail-fast acquires across the moment the lock is released: none may win.
-    jumper = new_token()
-    stop = threading.Event()
-    statuses: list[int] = []
-    status_lock = threading.Lock()
-
-    def hammer() -> None:
-        with server.client(member_key) as c:
-            while not stop.is_set():
-                code = acquire(c, key, jumper, ttl=60).status_code
-                with status_lock:
-                    statuses.append(code)
-
-    hammers = [threading.Thread(target=hammer, daemon=True) for _ in range(4)]
-    for t in hammers:
-        t.start()
+    hammer = Hammer(server, member_key, key)
     time.sleep(0.2)
     assert release(member, key, holder).json() == {"released": True}
     resp = w.join(timeout=30)
     time.sleep(0.1)
-    stop.set()
-    for t in hammers:
-        t.join(10)
+    statuses = hammer.stop()
 
     assert resp.status_code == 201, resp.text
     assert statuses, "hammer threads sent nothing"
@@ -222,7 +233,7 @@ def test_fail_fast_acquire_does_not_jump_ahead_of_a_waiter(
     assert member.get(f"/v1/locks/{key}").json()["fencing_token"] == resp.json()["fencing_token"]
 
 
-def test_fail_fast_acquire_while_a_waiter_is_in_line_is_refused(
+def test_second_waiter_keeps_its_place_while_the_first_holds(
     server: ServerProcess, member_key: str, member: httpx.Client,
 ) -> None:
     key, holder = unique_name("line"), new_token()
@@ -235,12 +246,13 @@ def test_fail_fast_acquire_while_a_waiter_is_in_line_is_refused(
     assert release(member, key, holder).json() == {"released": True}
     first = w.join()
     assert first.status_code == 201, first.text
-    # The second in line is still waiting; a newcomer with wait_seconds=0 is refused.
+    assert waiters(member, key) == 1
     error_of(acquire(member, key, new_token()), 409, "lock_held")
     assert release(member, key, w.token).json() == {"released": True}
     second = late.join()
     assert second.status_code == 201, second.text
     assert second.json()["fencing_token"] > first.json()["fencing_token"]
+    assert waiters(member, key) == 0
 
 
 def test_waiting_for_a_free_lock_is_granted_at_once(member: httpx.Client) -> None:
@@ -369,8 +381,15 @@ def test_expiry_wakes_a_waiter_but_not_before_expires_at(
     holder = acquire(member, key, new_token(), ttl=5)
     assert holder.status_code == 201
     w = start_waiter(server, member_key, key, "w", wait_seconds=15)
+    assert wait_for(lambda: waiters(member, key) == 1)
+    # Fail-fast callers hammering across the expiry must not take the lock from the waiter.
+    sleep_until(sent + 4.5)
+    hammer = Hammer(server, member_key, key)
     resp = w.join(timeout=30)
+    time.sleep(0.1)
+    statuses = hammer.stop()
     assert resp.status_code == 201, resp.text
+    assert statuses and set(statuses) == {409}, sorted(set(statuses))
     # Mutual exclusion: not granted before the holder's lease ended ...
     assert w.done_at - sent >= 5.0
     assert parse_ts(resp.json()["acquired_at"]) >= parse_ts(holder.json()["expires_at"])

@@ -97,6 +97,8 @@ def create_app(store: Store, config: AppConfig) -> Any:
         },
         lifespan=lifespan,
     )
+    # "/v1/locks/" is a lock with an empty name, not a typo to redirect.
+    app.router.redirect_slashes = False
     app.state.services = Services(
         store=store,
         auth=Authenticator(store),

@@ -6,13 +6,16 @@ own so the 422 `details` list names all of them (SPEC §2 "Bad input").
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+import json
+import re
+from typing import Any, NoReturn, TypeVar
 
 import msgspec
 
 from fencepost.errors import InvalidRequest, ValidationError
 
 T = TypeVar("T", bound=msgspec.Struct)
+MAX_DETAILS = 32
 
 
 def decode_body(body: bytes, cls: type[T]) -> T:
@@ -20,12 +23,27 @@ def decode_body(body: bytes, cls: type[T]) -> T:
         raise InvalidRequest("The request body must be a JSON object.")
     try:
         return msgspec.json.decode(body, type=cls)
-    except msgspec.ValidationError:
-        raise ValidationError(field_errors(msgspec.json.decode(body), cls)) from None
+    except msgspec.ValidationError as exc:
+        first_error = str(exc)  # explained below, on the slow path
     except msgspec.DecodeError as exc:
         raise InvalidRequest(f"The request body is not valid JSON ({exc}).") from None
     except RecursionError:
         raise InvalidRequest("The request body is nested too deeply.") from None
+    except UnicodeDecodeError:
+        raise InvalidRequest("The request body is not valid UTF-8.") from None
+    # msgspec stops at the first bad field, possibly before reaching a syntax
+    # error further on, and refuses numbers such as 1e400 even untyped. The
+    # standard parser accepts any valid JSON, so it decides 400 versus 422 and
+    # gives every field's value to check one by one.
+    try:
+        raw = json.loads(body, parse_constant=_reject_constant)
+    except (ValueError, RecursionError):
+        raise InvalidRequest("The request body is not valid JSON.") from None
+    raise ValidationError(field_errors(raw, cls) or [_detail_from(first_error)])
+
+
+def _reject_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not JSON")
 
 
 def field_errors(raw: Any, cls: type[msgspec.Struct]) -> list[dict[str, str]]:
@@ -35,7 +53,7 @@ def field_errors(raw: Any, cls: type[msgspec.Struct]) -> list[dict[str, str]]:
     details: list[dict[str, str]] = []
     for name in raw:
         if name not in fields:
-            details.append({"field": str(name), "message": "unknown field"})
+            details.append({"field": _shorten(name), "message": "unknown field"})
     for name, info in fields.items():
         if name not in raw:
             if info.required:
@@ -45,7 +63,18 @@ def field_errors(raw: Any, cls: type[msgspec.Struct]) -> list[dict[str, str]]:
             msgspec.convert(raw[name], type=info.type, strict=True)
         except msgspec.ValidationError as exc:
             details.append({"field": name, "message": _plain(str(exc))})
-    return details or [{"field": "body", "message": "invalid"}]
+    # Bounded: a hostile body with thousands of fields gets a short answer.
+    return details[:MAX_DETAILS]
+
+
+def _detail_from(msgspec_error: str) -> dict[str, str]:
+    """A detail from msgspec's own message, e.g. a number out of range deep in metadata."""
+    match = re.search(r"at `\$\.([A-Za-z0-9_]+)", msgspec_error)
+    return {"field": match.group(1) if match else "body", "message": _plain(msgspec_error)}
+
+
+def _shorten(name: str) -> str:
+    return name if len(name) <= 64 else name[:61] + "..."
 
 
 def _plain(message: str) -> str:
