@@ -20,7 +20,8 @@ KEY_FIELDS = {"id", "key", "role", "name", "project", "expires_at", "allow_ips",
 
 
 def assert_error(resp: httpx.Response, status: int, code: str) -> dict[str, Any]:
-    assert resp.status_code == status, f"expected {status} {code}, got {resp.status_code}: {resp.text[:500]}"
+    assert resp.status_code == status, (
+        f"expected {status} {code}, got {resp.status_code}: {resp.text[:500]}")
     assert resp.headers.get("content-type", "").startswith("application/json"), resp.headers
     body = resp.json()
     assert isinstance(body, dict) and set(body) == {"error"}, body

@@ -22,7 +22,8 @@ SNAKE = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$")
 
 
 def assert_envelope(resp: httpx.Response, status: int, code: str) -> dict[str, Any]:
-    assert resp.status_code == status, f"expected {status} {code}, got {resp.status_code}: {resp.text[:500]}"
+    assert resp.status_code == status, (
+        f"expected {status} {code}, got {resp.status_code}: {resp.text[:500]}")
     assert resp.headers.get("content-type", "").startswith("application/json"), resp.headers
     text = resp.text
     assert "Traceback" not in text and "<html" not in text.lower()
@@ -239,6 +240,8 @@ def test_envelope_405_wrong_method(server: ServerProcess, method: str, path: str
         resp = c.request(method, path.format(name=name), headers=lock_headers(),
                          json={"ttl_seconds": 30} if method in ("POST", "PUT", "PATCH") else None)
     assert_envelope(resp, 405, "method_not_allowed")
+    allowed = {m.strip().upper() for m in resp.headers.get("allow", "").split(",") if m.strip()}
+    assert allowed and method not in allowed, f"405 without a fitting Allow header: {allowed}"
     assert lock_state(server, name)["held"] is False
 
 
@@ -338,7 +341,8 @@ def test_openapi_lists_every_route(server: ServerProcess) -> None:
     assert resp.status_code == 200, resp.text
     assert resp.headers.get("content-type", "").startswith("application/json")
     doc = resp.json()
-    assert isinstance(doc.get("openapi"), str) and re.match(r"^3\.\d+\.\d+$", doc["openapi"]), doc.get("openapi")
+    version = doc.get("openapi")
+    assert isinstance(version, str) and re.match(r"^3\.\d+\.\d+$", version), version
     assert isinstance(doc.get("info"), dict)
     assert isinstance(doc["info"].get("title"), str) and doc["info"]["title"]
     assert isinstance(doc["info"].get("version"), str) and doc["info"]["version"]

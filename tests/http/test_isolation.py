@@ -142,7 +142,7 @@ def test_same_lock_token_in_both_projects(project_a: Project, project_b: Project
     assert acquire(project_a, name, token).status_code == 201
     before = get_lock(project_a, name)
     got_b = acquire(project_b, name, token)
-    assert got_b.status_code == 201, f"B's acquire with A's token was treated as a retry: {got_b.text}"
+    assert got_b.status_code == 201, f"B's acquire with A's token taken as a retry: {got_b.text}"
     assert got_b.json()["fencing_token"] != before["fencing_token"]
     with project_b.client() as c:
         assert c.delete(f"/v1/locks/{name}/lease",

@@ -10,7 +10,7 @@ import pytest
 from fencepost.core.keys import Role
 from fencepost.core.leases import AcquireRequest, Busy, Granted, OnExpiry
 from fencepost.errors import Conflict, LeaseExpired, LeaseLost
-from fencepost.store.base import LockFreed, NewKey
+from fencepost.store.base import Freed, NewKey, lock_freed
 
 P = "default"
 
@@ -127,14 +127,14 @@ async def test_keep_lease_outlives_expiry_until_deadline(store, clock):
 
 
 async def test_reaper_frees_dead_leases_and_announces_them(store, clock):
-    events: list[LockFreed] = []
+    events: list[Freed] = []
     store.add_freed_listener(events.append)
     await grant(store, "dies", ttl=5)
     await grant(store, "lives", ttl=60)
     clock.advance(5_000)
     assert await store.reap() == 1
     await asyncio.sleep(0)
-    assert LockFreed(P, "dies") in events
+    assert lock_freed(P, "dies") in events
     assert await store.reap() == 0  # idempotent
     assert (await store.get_lock(P, "lives")).lease is not None
 
@@ -169,13 +169,13 @@ async def test_a_dead_waiter_does_not_block_the_line(store, clock):
 
 
 async def test_leaving_the_line_wakes_the_next(store):
-    events: list[LockFreed] = []
+    events: list[Freed] = []
     store.add_freed_listener(events.append)
     await grant(store)
     r = await store.acquire_lock(P, "k", req(), wait_alive_ms=5_000)
     await store.leave_line(P, "k", r.ticket)
     await asyncio.sleep(0)
-    assert LockFreed(P, "k") in events
+    assert lock_freed(P, "k") in events
     assert (await store.get_lock(P, "k")).waiters == 0
 
 

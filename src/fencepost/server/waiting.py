@@ -1,8 +1,8 @@
-"""Parked acquire requests: waiting in line for a lock (SPEC §3.1).
+"""Parked requests: callers waiting in line for a lock (SPEC §3.1) or a pool slot (§4.2).
 
 The line itself lives in the store (tickets in arrival order), so it is fair
 across replicas; this module only parks the local request and wakes it when the
-store reports that the lock may be free. A waiter wakes on that event, or at
+store reports that something may be free. A waiter wakes on that event, or at
 least every RECHECK_S as a safety net for a lost wake-up.
 """
 
@@ -10,21 +10,33 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from typing import AsyncIterator, Awaitable, Callable, Generic, TypeVar
 
-from fencepost.core.leases import AcquireRequest, Granted
 from fencepost.errors import FencepostError, ShuttingDown
-from fencepost.store.base import LockFreed, Store
+from fencepost.store.base import Freed
 
 RECHECK_S = 1.0
 # A waiter's place in line lasts this long unless refreshed; each retry refreshes it,
 # so the place of a waiter whose server died is given up within this time.
 WAITER_ALIVE_MS = 5000
 
+T = TypeVar("T")
+Line = tuple[str, str, str]  # (kind, project, name)
+
 
 class ClientGone(Exception):
     """The waiting caller closed its connection."""
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt(Generic[T]):
+    """One try at getting in: granted, or refused and (maybe) holding a place in line."""
+
+    granted: T | None
+    ticket: int | None = None
+    refusal: FencepostError | None = None  # what to answer if the wait ends now
 
 
 @dataclass(order=True, slots=True)
@@ -34,31 +46,33 @@ class _Parked:
 
 
 class WaitRoom:
-    """Local waiters by lock, ordered by ticket. Wakes only the local head: the
+    """Local waiters by line, ordered by ticket. Wakes only the local head: the
     others cannot be granted before it anyway, and waking all would stampede."""
 
     def __init__(self) -> None:
-        self._lines: dict[tuple[str, str], list[_Parked]] = {}
+        self._lines: dict[Line, list[_Parked]] = {}
         self.closing = asyncio.Event()
 
-    def on_freed(self, event: LockFreed) -> None:
-        line = self._lines.get((event.project, event.key))
-        if line:
-            line[0].wake.set()
+    def on_freed(self, event: Freed) -> None:
+        line = self._lines.get((event.kind, event.project, event.name))
+        if not line:
+            return
+        for parked in line if event.wake_all else line[:1]:
+            parked.wake.set()
 
-    def park(self, project: str, key: str, ticket: int) -> _Parked:
+    def park(self, line: Line, ticket: int) -> _Parked:
         parked = _Parked(ticket)
-        bisect.insort(self._lines.setdefault((project, key), []), parked)
+        bisect.insort(self._lines.setdefault(line, []), parked)
         return parked
 
-    def unpark(self, project: str, key: str, parked: _Parked) -> None:
-        line = self._lines.get((project, key))
-        if line is None:
+    def unpark(self, line: Line, parked: _Parked) -> None:
+        waiting = self._lines.get(line)
+        if waiting is None:
             return
-        if parked in line:
-            line.remove(parked)
-        if not line:
-            del self._lines[(project, key)]
+        if parked in waiting:
+            waiting.remove(parked)
+        if not waiting:
+            del self._lines[line]
 
     def shut(self) -> None:
         """Answer every parked request now (the server is stopping)."""
@@ -76,42 +90,52 @@ async def _wait_any(
             w.cancel()
 
 
-async def acquire_waiting(
-    store: Store,
+async def wait_in_line(
     room: WaitRoom,
-    project: str,
-    key: str,
-    request: AcquireRequest,
+    line: Line,
+    first: Attempt[T],
+    retry: Callable[[int], Awaitable[Attempt[T]]],
+    leave: Callable[[int], Awaitable[None]],
     wait_s: float,
     disconnected: asyncio.Event,
-) -> Granted:
-    """Acquire, waiting up to `wait_s` in line. Raises LockHeld when the wait runs
-    out, ClientGone when the caller left, ShuttingDown when the server stops."""
+    on_timeout: Callable[[Attempt[T]], FencepostError],
+) -> T:
+    """Wait up to `wait_s` for a grant, starting from the caller's `first` attempt.
+
+    Raises `on_timeout(last attempt)` when the wait runs out, ClientGone when
+    the caller left, ShuttingDown when the server stops. Whatever ends the wait
+    other than a grant, the caller's place in line is given up.
+    """
+    if first.granted is not None:
+        return first.granted
+    if first.ticket is None:
+        assert first.refusal is not None
+        raise first.refusal
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
-    first = await store.acquire_lock(
-        project, key, request, wait_alive_ms=WAITER_ALIVE_MS if wait_s > 0 else None
-    )
-    if isinstance(first.outcome, Granted) or first.ticket is None:
-        return _granted_or_raise(first.outcome)
     ticket = first.ticket
-    parked = room.park(project, key, ticket)
+    parked = room.park(line, ticket)
     granted = False
     try:
         while True:
+            if disconnected.is_set():
+                raise ClientGone()
             # Retry at once after parking too: a wake-up between joining the line
             # and parking would otherwise be missed.
-            result = await store.retry_waiter(project, key, request, ticket, WAITER_ALIVE_MS)
-            if isinstance(result.outcome, Granted):
+            attempt = await retry(ticket)
+            if attempt.granted is not None:
                 granted = True
-                return result.outcome
-            if result.ticket is not None and result.ticket != ticket:
-                room.unpark(project, key, parked)
-                ticket = result.ticket
-                parked = room.park(project, key, ticket)
+                return attempt.granted
+            if attempt.ticket is None:  # the store took us out of line
+                assert attempt.refusal is not None
+                raise attempt.refusal
+            if attempt.ticket != ticket:  # rejoined at the back after being dropped
+                room.unpark(line, parked)
+                ticket = attempt.ticket
+                parked = room.park(line, ticket)
             remaining = deadline - loop.time()
             if remaining <= 0:
-                raise result.outcome.to_error()
+                raise on_timeout(attempt)
             parked.wake.clear()
             await _wait_any(parked, disconnected, room.closing, min(remaining, RECHECK_S))
             if disconnected.is_set():
@@ -119,30 +143,33 @@ async def acquire_waiting(
             if room.closing.is_set():
                 raise ShuttingDown()
     finally:
-        room.unpark(project, key, parked)
+        room.unpark(line, parked)
         if not granted:
-            await _leave_quietly(store.leave_line, project, key, ticket)
+            try:
+                await leave(ticket)
+            except FencepostError:
+                pass  # the reaper drops the place once it stops being refreshed
 
 
-async def _leave_quietly(
-    leave: Callable[[str, str, int], Awaitable[None]], project: str, key: str, ticket: int
+async def watch_disconnect(
+    receive: Callable[[], Awaitable[dict[str, object]]], flag: asyncio.Event
 ) -> None:
-    try:
-        await leave(project, key, ticket)
-    except FencepostError:
-        pass  # the reaper drops the place once it stops being refreshed
-
-
-def _granted_or_raise(outcome: object) -> Granted:
-    if isinstance(outcome, Granted):
-        return outcome
-    raise outcome.to_error()  # type: ignore[attr-defined]
-
-
-async def watch_disconnect(receive: Callable[[], Awaitable[dict[str, object]]], flag: asyncio.Event) -> None:
     """Set `flag` when the client closes the connection (the body was already read)."""
     while True:
         message = await receive()
         if message.get("type") == "http.disconnect":
             flag.set()
             return
+
+
+@contextlib.asynccontextmanager
+async def watching_disconnect(
+    receive: Callable[[], Awaitable[dict[str, object]]],
+) -> AsyncIterator[asyncio.Event]:
+    """An event set when the client goes away, for the duration of the block."""
+    flag = asyncio.Event()
+    watcher = asyncio.ensure_future(watch_disconnect(receive, flag))
+    try:
+        yield flag
+    finally:
+        watcher.cancel()

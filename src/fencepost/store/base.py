@@ -59,14 +59,22 @@ class ForceReleased:
 
 
 @dataclass(frozen=True, slots=True)
-class LockFreed:
-    """A lock may now be grantable: released, force-released, expired, or a waiter left."""
+class Freed:
+    """Something may now be grantable: a lock or pool slot was released, expired
+    or reclaimed, a waiter left the line, or a pool changed. `wake_all` asks every
+    local waiter of that line to re-check (the pool was deleted or reconfigured)."""
 
+    kind: str  # "lock" or "pool"
     project: str
-    key: str
+    name: str
+    wake_all: bool = False
 
 
-FreedListener = Callable[[LockFreed], None]
+def lock_freed(project: str, key: str) -> Freed:
+    return Freed("lock", project, key)
+
+
+FreedListener = Callable[[Freed], None]
 
 
 class Store(Protocol):

@@ -24,7 +24,7 @@ from fencepost.store.base import (
     ForceReleased,
     FreedListener,
     KeyRecord,
-    LockFreed,
+    lock_freed,
     LockView,
     NewKey,
 )
@@ -261,7 +261,7 @@ class SqliteStore:
         def op(tx: Tx) -> None:
             if tx.conn.execute("DELETE FROM lock_waiters WHERE ticket = ?", (ticket,)).rowcount:
                 # The next in line may be able to take a free lock now.
-                tx.events.append(LockFreed(project, key))
+                tx.events.append(lock_freed(project, key))
 
         await self._writer.run(op)
 
@@ -344,13 +344,13 @@ class SqliteStore:
             ).fetchall()
             for project, key, token in dead:
                 _remember_end(tx, project, key, token, EndReason.EXPIRED)
-                tx.events.append(LockFreed(project, key))
+                tx.events.append(lock_freed(project, key))
             gone = tx.conn.execute(
                 "DELETE FROM lock_waiters WHERE alive_until_ms <= ? RETURNING project, key",
                 (tx.now_ms,),
             ).fetchall()
             for project, key in set(gone):
-                tx.events.append(LockFreed(project, key))
+                tx.events.append(lock_freed(project, key))
             if tx.now_ms - self._last_prune_ms >= _PRUNE_EVERY_MS:
                 self._last_prune_ms = tx.now_ms
                 tx.conn.execute(
@@ -499,7 +499,7 @@ def _end_lease(tx: Tx, project: str, key: str, lock_token: str, reason: EndReaso
         (project, key, lock_token),
     )
     _remember_end(tx, project, key, lock_token, reason)
-    tx.events.append(LockFreed(project, key))
+    tx.events.append(lock_freed(project, key))
 
 
 def _remember_end(tx: Tx, project: str, key: str, lock_token: str, reason: EndReason) -> None:

@@ -19,8 +19,14 @@ from fencepost.server import schemas
 from fencepost.server.context import endpoint, path_name, request_id, services
 from fencepost.server.http import json_response, read_body, required_uuid_header
 from fencepost.server.validation import decode_body, invalid_field
-from fencepost.server.waiting import ClientGone, acquire_waiting, watch_disconnect
-from fencepost.store.base import LockView
+from fencepost.server.waiting import (
+    WAITER_ALIVE_MS,
+    Attempt,
+    ClientGone,
+    wait_in_line,
+    watching_disconnect,
+)
+from fencepost.store.base import AcquireResult, LockView
 
 MAX_LIST_LIMIT = 1000
 DEFAULT_LIST_LIMIT = 100
@@ -120,16 +126,25 @@ async def _acquire(
     request: Request, project: str, key: str, wanted: AcquireRequest, wait_s: float
 ) -> Granted:
     store = services(request).store
-    if wait_s <= 0:
-        result = await store.acquire_lock(project, key, wanted, wait_alive_ms=None)
-        if isinstance(result.outcome, Granted):
-            return result.outcome
-        raise result.outcome.to_error()
-    disconnected = asyncio.Event()
-    watcher = asyncio.ensure_future(watch_disconnect(request.receive, disconnected))
-    try:
-        granted = await acquire_waiting(
-            store, services(request).waiters, project, key, wanted, wait_s, disconnected
+    wait_alive_ms = WAITER_ALIVE_MS if wait_s > 0 else None
+    first = _attempt(await store.acquire_lock(project, key, wanted, wait_alive_ms=wait_alive_ms))
+    if first.granted is not None:
+        return first.granted
+    if first.ticket is None:  # fail-fast
+        raise _held(first)
+
+    async def retry(ticket: int) -> Attempt[Granted]:
+        return _attempt(
+            await store.retry_waiter(project, key, wanted, ticket, WAITER_ALIVE_MS)
+        )
+
+    async def leave(ticket: int) -> None:
+        await store.leave_line(project, key, ticket)
+
+    async with watching_disconnect(request.receive) as disconnected:
+        granted = await wait_in_line(
+            services(request).waiters, ("lock", project, key), first, retry, leave,
+            wait_s, disconnected, _held,
         )
         await asyncio.sleep(0)  # let a disconnect that already arrived be seen
         if disconnected.is_set() and granted.created:
@@ -137,8 +152,17 @@ async def _acquire(
             await store.release_lock(project, key, wanted.lock_token)
             raise ClientGone()
         return granted
-    finally:
-        watcher.cancel()
+
+
+def _attempt(result: AcquireResult) -> Attempt[Granted]:
+    if isinstance(result.outcome, Granted):
+        return Attempt(result.outcome)
+    return Attempt(None, result.ticket, result.outcome.to_error())
+
+
+def _held(attempt: Attempt[Granted]) -> FencepostError:
+    assert attempt.refusal is not None
+    return attempt.refusal
 
 
 def _log_attempt(
