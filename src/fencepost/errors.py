@@ -28,7 +28,31 @@ class FencepostError(Exception):
         self.retry_after_ms = retry_after_ms
         self.extra = extra
         self.headers = dict(headers or {})
+        # Set by the client from the response: the request's X-Request-Id, and the
+        # response's Retry-After header in seconds when the body had no retry_after_ms.
+        self.request_id: str | None = None
+        self.retry_after_header: float | None = None
         super().__init__(self.message)
+
+    @property
+    def retry_after(self) -> float | None:
+        """Seconds the server asked the caller to wait before retrying, if it said."""
+        if self.retry_after_ms is not None:
+            return self.retry_after_ms / 1000
+        return self.retry_after_header
+
+    @property
+    def operation(self) -> str | None:
+        """The current holder's `operation` (on `lock_held`), when the server sent it."""
+        value = self.extra.get("operation")
+        return value if isinstance(value, str) else None
+
+    @property
+    def reason(self) -> str | None:
+        """Why a lease was lost (`expired`, `released`, `force_released`, `superseded`,
+        or a client-side reason such as `unreachable`), when known."""
+        value = self.extra.get("reason")
+        return value if isinstance(value, str) else None
 
     @property
     def retry_after_seconds(self) -> int | None:
@@ -164,6 +188,41 @@ class Conflict(FencepostError):
     code = "conflict"
     http_status = 409
     default_message = "That conflicts with existing state."
+
+
+# --- client-only errors: the client raises these; the server never sends them ---
+
+
+class TransportError(FencepostError):
+    """The server could not be reached, or the connection failed before an answer came.
+
+    `maybe_sent` is False when the request surely never reached the server (the
+    connection could not be opened), True when it may have been processed."""
+
+    code = "transport_error"
+    http_status = 0
+    default_message = "The server could not be reached."
+
+    def __init__(self, message: str | None = None, *, maybe_sent: bool = True) -> None:
+        super().__init__(message)
+        self.maybe_sent = maybe_sent
+
+
+class UnexpectedResponse(FencepostError):
+    """The server (or a proxy in front of it) answered with something that is not a
+    fencepost response: not JSON, no error envelope, or an error code this client
+    does not know. `status` is the HTTP status received, `server_code` the code."""
+
+    code = "unexpected_response"
+    http_status = 0
+    default_message = "The server sent a response this client does not understand."
+
+    def __init__(
+        self, message: str | None = None, *, status: int = 0, server_code: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.server_code = server_code
 
 
 def _all_subclasses(cls: type[FencepostError]) -> list[type[FencepostError]]:

@@ -12,6 +12,7 @@ from fencepost.server import schemas
 from fencepost.server.routes.table import ROUTES, RouteSpec
 
 _REF = "#/components/schemas/{name}"
+_UUID_HEADERS = {"X-Lock-Token", "X-Request-Id"}
 _ERROR_STATUSES = {
     400: "invalid_request", 401: "unauthorized", 403: "forbidden", 413: "payload_too_large",
     422: "validation_error", 429: "quota_exceeded",
@@ -60,7 +61,8 @@ def _operation(route: RouteSpec) -> dict[str, Any]:
     ]
     params += [
         {"name": name, "in": "header", "required": required, "description": text,
-         "schema": {"type": "string", "format": "uuid"}}
+         "schema": {"type": "string", "format": "uuid"} if name in _UUID_HEADERS
+         else {"type": "string"}}
         for name, required, text in route.headers
     ]
     params += [

@@ -167,3 +167,97 @@ class ErrorInfo(msgspec.Struct):
 
 class ErrorBody(msgspec.Struct):
     error: ErrorInfo
+
+
+# --- pools (SPEC §4) --------------------------------------------------------
+
+Count = Annotated[int, Meta(ge=0)]
+
+
+class PoolConfigBody(Request):
+    limit: Annotated[int, Meta(ge=1, le=10_000)]
+    queue_size: Annotated[int, Meta(ge=0, le=100_000)] = 100
+    queue_timeout_ms: Annotated[int, Meta(ge=0, le=600_000)] = 30_000
+    term_ms: Annotated[int, Meta(ge=1_000, le=600_000)] = 30_000
+    renew_interval_ms: Annotated[int, Meta(ge=1, le=599_999)] | None = None
+    request_timeout_ms: Annotated[int, Meta(ge=1_000, le=86_400_000)] = 60_000
+    rpm: Annotated[int, Meta(ge=1, le=1_000_000)] | None = None
+    adaptive: bool = False
+    min_limit: Annotated[int, Meta(ge=1, le=10_000)] = 1
+
+
+class PoolStatsBody(msgspec.Struct):
+    released: int
+    reclaimed: int
+    statuses: dict[str, int]
+    status_429: int
+    throttled: int
+    last_retry_after_ms: int | None
+    last_reported_at: At | None
+
+
+class PoolState(msgspec.Struct):
+    name: str
+    limit: int
+    queue_size: int
+    queue_timeout_ms: int
+    term_ms: int
+    renew_interval_ms: int
+    request_timeout_ms: int
+    rpm: int | None
+    adaptive: bool
+    min_limit: int
+    in_use: int
+    queued: int
+    effective_limit: int
+    stats: PoolStatsBody
+
+
+class PoolList(msgspec.Struct):
+    pools: list[PoolState]
+    next: str | None
+
+
+class Deleted(msgspec.Struct):
+    deleted: bool
+
+
+class AcquireSlotBody(Request):
+    wait_ms: Count | None = None
+
+
+class SlotGrant(msgspec.Struct):
+    slot_id: str
+    lease_deadline: Annotated[int, Meta(description="Epoch milliseconds.")]
+    request_deadline: Annotated[int, Meta(description="Epoch milliseconds.")]
+    term_ms: int
+    renew_interval_ms: int
+
+
+class SlotRenewal(msgspec.Struct):
+    lease_deadline: Annotated[int, Meta(description="Epoch milliseconds.")]
+
+
+class EmptyBody(Request):
+    pass
+
+
+class RateState(Request):
+    limit: Count | None = None
+    remaining: Count | None = None
+    reset_ms: Count | None = None
+    token_limit: Count | None = None
+    token_remaining: Count | None = None
+    token_reset_ms: Count | None = None
+
+
+HeaderName = Annotated[str, Meta(min_length=1, max_length=256)]
+HeaderValue = Annotated[str, Meta(max_length=8192)]
+
+
+class ReleaseSlotBody(Request):
+    status: Annotated[int, Meta(ge=100, le=599)] | None = None
+    throttled: Count | None = None
+    retry_after_ms: Count | None = None
+    rate: RateState | None = None
+    headers: Annotated[dict[HeaderName, HeaderValue], Meta(max_length=256)] | None = None

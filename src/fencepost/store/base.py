@@ -12,6 +12,7 @@ from typing import Callable, Protocol
 
 from fencepost.core.keys import Role
 from fencepost.core.leases import AcquireRequest, Busy, Granted, Lease
+from fencepost.core.slots import PoolConfig, Slot
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +75,55 @@ def lock_freed(project: str, key: str) -> Freed:
     return Freed("lock", project, key)
 
 
+def pool_freed(project: str, pool: str, wake_all: bool = False) -> Freed:
+    return Freed("pool", project, pool, wake_all)
+
+
 FreedListener = Callable[[Freed], None]
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStats:
+    released: int = 0
+    reclaimed: int = 0
+    statuses: dict[str, int] = field(default_factory=dict)  # "2xx" -> count
+    status_429: int = 0
+    throttled: int = 0
+    last_retry_after_ms: int | None = None
+    last_reported_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PoolView:
+    name: str
+    config: PoolConfig
+    in_use: int
+    queued: int
+    effective_limit: int
+    stats: PoolStats
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class SlotAttempt:
+    """An acquire's result: a slot, a place in line, or a refusal with the state
+    that explains it."""
+
+    slot: Slot | None
+    ticket: int | None
+    in_use: int
+    effective_limit: int
+    retry_after_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SlotReport:
+    """The upstream outcome a holder reports on release (SPEC §4.4), validated."""
+
+    status: int | None = None
+    throttled: int | None = None
+    retry_after_ms: int | None = None
+    report_json: str | None = None  # the whole report, kept for the governor
 
 
 class Store(Protocol):
@@ -145,5 +194,41 @@ class Store(Protocol):
     ) -> list[LockView]:
         """Held locks with keys starting with `prefix`, sorted by key, after `after`."""
 
+    # --- pools ---------------------------------------------------------------
+    async def put_pool(self, project: str, name: str, config: PoolConfig) -> tuple[PoolView, bool]:
+        """Create or replace a pool's configuration; True when created."""
+
+    async def get_pool(self, project: str, name: str) -> PoolView | None: ...
+
+    async def list_pools(
+        self, project: str, prefix: str, after: str | None, limit: int
+    ) -> list[PoolView]: ...
+
+    async def delete_pool(self, project: str, name: str) -> bool:
+        """Remove the pool, its slots and its line; False when there is no such pool."""
+
+    async def acquire_slot(
+        self, project: str, pool: str, *, wait_alive_ms: int | None
+    ) -> SlotAttempt:
+        """Admit, queue (when `wait_alive_ms` is given and the queue has room), or
+        refuse. Raises NotFound for an unknown pool."""
+
+    async def retry_slot_waiter(
+        self, project: str, pool: str, ticket: int, alive_ms: int
+    ) -> SlotAttempt:
+        """Admit a waiter when a slot is free and no live waiter is ahead of it.
+        Raises NotFound when the pool was deleted."""
+
+    async def leave_slot_line(self, project: str, pool: str, ticket: int) -> None: ...
+
+    async def renew_slot(self, project: str, pool: str, slot_id: str) -> Slot:
+        """Raises NotFound (unknown, released, reclaimed, foreign) or Capped."""
+
+    async def release_slot(
+        self, project: str, pool: str, slot_id: str, report: SlotReport | None
+    ) -> bool:
+        """True when the slot was held. Raises NotFound for an unknown pool or a slot
+        of another project or pool."""
+
     async def reap(self) -> int:
-        """Free every dead lease and drop dead waiters; return how many leases."""
+        """Free every dead lease and slot and drop dead waiters; return how many."""

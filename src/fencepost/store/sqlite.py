@@ -28,6 +28,7 @@ from fencepost.store.base import (
     LockView,
     NewKey,
 )
+from fencepost.store import sqlite_pools as pools
 from fencepost.store.sqlite_batch import BatchWriter, Tx
 
 # Why a lease ended is kept this long, so a late renewal learns the reason.
@@ -351,15 +352,58 @@ class SqliteStore:
             ).fetchall()
             for project, key in set(gone):
                 tx.events.append(lock_freed(project, key))
+            reclaimed = pools.reap(tx)
             if tx.now_ms - self._last_prune_ms >= _PRUNE_EVERY_MS:
                 self._last_prune_ms = tx.now_ms
                 tx.conn.execute(
                     "DELETE FROM ended_leases WHERE ended_ms < ?",
                     (tx.now_ms - ENDED_LEASE_MEMORY_MS,),
                 )
-            return len(dead)
+            return len(dead) + reclaimed
 
         return await self._writer.run(op)
+
+    # --- pools ---------------------------------------------------------------
+    async def put_pool(self, project: str, name: str, config: PoolConfig) -> tuple[PoolView, bool]:
+        return await self._writer.run(lambda tx: pools.put(tx, project, name, config))
+
+    async def get_pool(self, project: str, name: str) -> PoolView | None:
+        return await self._writer.run(lambda tx: pools.view(tx, project, name))
+
+    async def list_pools(
+        self, project: str, prefix: str, after: str | None, limit: int
+    ) -> list[PoolView]:
+        return await self._writer.run(
+            lambda tx: pools.list_views(tx, project, prefix, after, limit)
+        )
+
+    async def delete_pool(self, project: str, name: str) -> bool:
+        return await self._writer.run(lambda tx: pools.delete(tx, project, name))
+
+    async def acquire_slot(
+        self, project: str, pool: str, *, wait_alive_ms: int | None
+    ) -> SlotAttempt:
+        return await self._writer.run(lambda tx: pools.acquire(tx, project, pool, wait_alive_ms))
+
+    async def retry_slot_waiter(
+        self, project: str, pool: str, ticket: int, alive_ms: int
+    ) -> SlotAttempt:
+        return await self._writer.run(
+            lambda tx: pools.retry_waiter(tx, project, pool, ticket, alive_ms)
+        )
+
+    async def leave_slot_line(self, project: str, pool: str, ticket: int) -> None:
+        await self._writer.run(lambda tx: pools.leave_line(tx, project, pool, ticket))
+
+    async def renew_slot(self, project: str, pool: str, slot_id: str) -> Slot:
+        return await self._writer.run(lambda tx: pools.renew(tx, project, pool, slot_id))
+
+    async def release_slot(
+        self, project: str, pool: str, slot_id: str, report: SlotReport | None
+    ) -> bool:
+        return await self._writer.run(
+            lambda tx: pools.release(tx, project, pool, slot_id, report)
+        )
 
 
 # --- statements run inside a transaction (on the writer thread) --------------
@@ -376,6 +420,7 @@ def _load_pepper(tx: Tx) -> str:
 
 def _clear_waiters(tx: Tx) -> None:
     tx.conn.execute("DELETE FROM lock_waiters")
+    tx.conn.execute("DELETE FROM slot_waiters")
 
 
 def _insert_key(tx: Tx, pepper: bytes, project: str, new: NewKey, secret: str) -> KeyRecord:

@@ -12,12 +12,12 @@ from starlette.responses import Response
 from fencepost.core import leases as rules
 from fencepost.core.keys import Role
 from fencepost.core.leases import AcquireRequest, Granted, Lease, OnExpiry
-from fencepost.core.names import is_valid_name
 from fencepost.core.timefmt import format_at
-from fencepost.errors import FencepostError, LockHeld, ShuttingDown, ValidationError
+from fencepost.errors import FencepostError, LockHeld, ShuttingDown
 from fencepost.server import schemas
 from fencepost.server.context import endpoint, path_name, request_id, services
 from fencepost.server.http import json_response, read_body, required_uuid_header
+from fencepost.server.listing import list_query
 from fencepost.server.validation import decode_body, invalid_field
 from fencepost.server.waiting import (
     WAITER_ALIVE_MS,
@@ -28,8 +28,6 @@ from fencepost.server.waiting import (
 )
 from fencepost.store.base import AcquireResult, LockView
 
-MAX_LIST_LIMIT = 1000
-DEFAULT_LIST_LIMIT = 100
 
 
 def grant_body(lease: Lease) -> schemas.LeaseGrant:
@@ -215,37 +213,11 @@ async def inspect(request: Request) -> Response:
     return json_response(200, lock_state(view))
 
 
-_LIST_PARAMS = {"prefix", "limit", "after"}
-_PREFIX_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-")
-
-
-def _list_query(request: Request) -> tuple[str, str | None, int]:
-    query = request.query_params
-    details = [
-        {"field": name, "message": "unknown query parameter"}
-        for name in query.keys()
-        if name not in _LIST_PARAMS
-    ]
-    prefix = query.get("prefix", "")
-    if len(prefix) > 128 or not set(prefix) <= _PREFIX_CHARS:
-        details.append({"field": "prefix", "message": "must be up to 128 name characters"})
-    after = query.get("after") or None
-    if after is not None and not is_valid_name(after):
-        details.append({"field": "after", "message": "must be a cursor from `next`"})
-    raw_limit = query.get("limit", str(DEFAULT_LIST_LIMIT))
-    limit = int(raw_limit) if raw_limit.isdigit() and len(raw_limit) <= 6 else 0
-    if not 1 <= limit <= MAX_LIST_LIMIT:
-        details.append({"field": "limit", "message": f"must be an integer 1..{MAX_LIST_LIMIT}"})
-    if details:
-        raise ValidationError(details)
-    return prefix, after, limit
-
-
 @endpoint
 async def list_locks(request: Request) -> Response:
     svc = services(request)
     principal = await svc.auth.authenticate(request, Role.READER)
-    prefix, after, limit = _list_query(request)
+    prefix, after, limit = list_query(request)
     views = await svc.store.list_locks(principal.project, prefix, after, limit + 1)
     more = len(views) > limit
     views = views[:limit]

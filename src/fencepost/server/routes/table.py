@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 from fencepost.core.keys import Role
 from fencepost.server import schemas
-from fencepost.server.routes import keys, locks, system
+from fencepost.server.routes import keys, locks, pools, system
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +63,47 @@ ROUTES: tuple[RouteSpec, ...] = (
         query=(("prefix", "Only keys starting with this"),
                ("limit", "Page size 1..1000 (default 100)"),
                ("after", "Cursor: the `next` of the previous page")),
+    ),
+    RouteSpec(
+        "PUT", "/v1/pools/{pool}", pools.put_pool, "Create or replace a pool", Role.ADMIN,
+        schemas.PoolConfigBody,
+        ((201, schemas.PoolState, "Created"), (200, schemas.PoolState, "Updated")),
+    ),
+    RouteSpec(
+        "GET", "/v1/pools/{pool}", pools.get_pool, "Inspect a pool", Role.READER, None,
+        ((200, schemas.PoolState, "Configuration, live state and outcome statistics"),
+         (404, None, "not_found")),
+    ),
+    RouteSpec(
+        "DELETE", "/v1/pools/{pool}", pools.delete_pool, "Delete a pool", Role.ADMIN, None,
+        ((200, schemas.Deleted, "Deleted; its slots end, its waiters get 404"),
+         (404, None, "not_found")),
+    ),
+    RouteSpec(
+        "GET", "/v1/pools", pools.list_pools, "List pools", Role.READER, None,
+        ((200, schemas.PoolList, "Pools sorted by name"),),
+        query=(("prefix", "Only names starting with this"),
+               ("limit", "Page size 1..1000 (default 100)"),
+               ("after", "Cursor: the `next` of the previous page")),
+    ),
+    RouteSpec(
+        "POST", "/v1/pools/{pool}/lock/acquire", pools.acquire, "Acquire a slot", Role.MEMBER,
+        schemas.AcquireSlotBody,
+        ((200, schemas.SlotGrant, "Admitted; see X-Remaining-Slots, X-Effective-Limit, X-Queued-Ms"),
+         (404, None, "not_found"), (429, None, "too_many_requests"), (504, None, "queue_timeout")),
+        (("X-Queue-Timeout-Ms", False, "How long to wait in line (the body's wait_ms wins)"),
+         ("X-No-Queue", False, "Fail fast even when a wait was asked for")),
+    ),
+    RouteSpec(
+        "POST", "/v1/pools/{pool}/lock/{slot_id}/renew", pools.renew, "Renew a slot",
+        Role.MEMBER, None,
+        ((200, schemas.SlotRenewal, "Renewed"), (404, None, "not_found"), (409, None, "capped")),
+    ),
+    RouteSpec(
+        "POST", "/v1/pools/{pool}/lock/{slot_id}/release", pools.release,
+        "Release a slot, reporting the upstream outcome", Role.MEMBER, schemas.ReleaseSlotBody,
+        ((200, schemas.Released, "released tells whether the slot was held"),
+         (404, None, "not_found")),
     ),
     RouteSpec(
         "POST", "/v1/keys", keys.create_key, "Create an API key", Role.ADMIN,

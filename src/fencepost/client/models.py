@@ -1,0 +1,182 @@
+"""What the client returns: typed, immutable views of the server's answers.
+
+Decoding ignores fields this client does not know, so a newer server that adds a
+field does not break an older client. Times ending in `_at` are timezone-aware
+UTC datetimes; fields ending in `_deadline` stay epoch milliseconds as on the wire.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+import msgspec
+
+OnExpiry = Literal["release", "keep"]
+Role = Literal["admin", "member", "reader"]
+
+
+def epoch_ms_to_datetime(epoch_ms: int) -> datetime:
+    """An epoch-milliseconds `_deadline` value as a UTC datetime."""
+    return datetime.fromtimestamp(epoch_ms / 1000, tz=timezone.utc)
+
+
+class Model(msgspec.Struct, frozen=True, kw_only=True):
+    """Base of every result type; `to_dict()` gives JSON-ready builtins."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as JSON-ready builtins (datetimes as RFC 3339 strings)."""
+        return msgspec.to_builtins(self)  # type: ignore[no-any-return]
+
+
+class Lease(Model, frozen=True, kw_only=True):
+    """A granted lock lease (SPEC §3.1). `lock_token` is the caller's proof of
+    ownership: keep it to renew and release; `created` is False when the server
+    answered that this token already held the lock (a retried acquire)."""
+
+    key: str
+    fencing_token: int
+    acquired_at: datetime
+    expires_at: datetime
+    deadline_at: datetime
+    operation: str | None = None
+    on_expiry: OnExpiry = "release"
+    lock_token: str = ""
+    created: bool = True
+
+
+class LeaseRenewal(Model, frozen=True, kw_only=True):
+    """The answer to a renewal (SPEC §3.2): the new expiry, the unchanged token."""
+
+    key: str
+    fencing_token: int
+    expires_at: datetime
+    deadline_at: datetime
+
+
+class LockInfo(Model, frozen=True, kw_only=True):
+    """One lock as `GET /v1/locks/{key}` shows it; `held` is False (and the rest
+    null) for a free lock. The lock token is never shown."""
+
+    key: str
+    held: bool
+    fencing_token: int | None = None
+    operation: str | None = None
+    acquired_at: datetime | None = None
+    expires_at: datetime | None = None
+    deadline_at: datetime | None = None
+    on_expiry: OnExpiry | None = None
+    overdue: bool = False
+    metadata: dict[str, Any] | None = None
+    waiters: int = 0
+
+
+class LockPage(Model, frozen=True, kw_only=True):
+    """One page of held locks; pass `next` as `after` for the following page."""
+
+    locks: list[LockInfo]
+    next: str | None = None
+
+
+class ForceRelease(Model, frozen=True, kw_only=True):
+    """The answer to a force release (SPEC §3.5). `released` is False when the lock
+    was not held (still a success: no lease is live afterwards)."""
+
+    released: bool
+    key: str
+    operation: str | None = None
+    fencing_token: int | None = None
+    age_ms: int | None = None
+    expires_in_ms: int | None = None
+    message: str | None = None
+
+
+class PoolInfo(Model, frozen=True, kw_only=True):
+    """A pool's configuration plus its live state (SPEC §4.1)."""
+
+    name: str
+    limit: int
+    queue_size: int | None = None
+    queue_timeout_ms: int | None = None
+    term_ms: int | None = None
+    renew_interval_ms: int | None = None
+    request_timeout_ms: int | None = None
+    rpm: int | None = None
+    adaptive: bool = False
+    min_limit: int | None = None
+    in_use: int | None = None
+    queued: int | None = None
+    effective_limit: int | None = None
+    stats: dict[str, Any] | None = None
+
+
+class PoolPage(Model, frozen=True, kw_only=True):
+    """One page of pools; pass `next` as `after` for the following page."""
+
+    pools: list[PoolInfo]
+    next: str | None = None
+
+
+class SlotGrant(Model, frozen=True, kw_only=True):
+    """An admission to a pool (SPEC §4.2). Deadlines are epoch milliseconds by the
+    server's clock. The last three fields come from the response headers."""
+
+    slot_id: str
+    lease_deadline: int
+    request_deadline: int
+    term_ms: int
+    renew_interval_ms: int
+    pool: str = ""
+    remaining_slots: int | None = None
+    effective_limit: int | None = None
+    queued_ms: int | None = None
+
+
+class SlotRenewal(Model, frozen=True, kw_only=True):
+    """The answer to a slot renewal: the new lease deadline (epoch milliseconds)."""
+
+    lease_deadline: int
+
+
+class KeyInfo(Model, frozen=True, kw_only=True):
+    """An API key without its secret (SPEC §5)."""
+
+    id: str
+    role: Role
+    name: str | None = None
+    project: str
+    expires_at: datetime | None = None
+    allow_ips: list[str] = []
+    rpm_quota: int | None = None
+    created_at: datetime
+    revoked_at: datetime | None = None
+
+
+class CreatedKey(Model, frozen=True, kw_only=True):
+    """A new API key; `key` is its secret, shown only in this answer."""
+
+    id: str
+    key: str
+    role: Role
+    name: str | None = None
+    project: str
+    expires_at: datetime | None = None
+    allow_ips: list[str] = []
+    rpm_quota: int | None = None
+    created_at: datetime
+
+
+class WhoAmI(Model, frozen=True, kw_only=True):
+    """The calling key's project, ID and role."""
+
+    project: str
+    key_id: str
+    role: Role
+
+
+class Health(Model, frozen=True, kw_only=True):
+    """The server's health answer."""
+
+    status: str
+    store: str | None = None
+    version: str | None = None

@@ -1,0 +1,89 @@
+"""Pool and slot rules (SPEC §4), as pure functions of state and `now` (epoch ms)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fencepost.errors import Capped, NotFound
+
+
+@dataclass(frozen=True, slots=True)
+class PoolConfig:
+    limit: int
+    queue_size: int = 100
+    queue_timeout_ms: int = 30_000
+    term_ms: int = 30_000
+    renew_interval_ms: int | None = None  # None: term_ms // 3
+    request_timeout_ms: int = 60_000
+    rpm: int | None = None
+    adaptive: bool = False
+    min_limit: int = 1
+
+    @property
+    def suggested_renew_interval_ms(self) -> int:
+        return self.renew_interval_ms if self.renew_interval_ms is not None else self.term_ms // 3
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    slot_id: str
+    pool: str
+    acquired_ms: int
+    lease_deadline_ms: int
+    request_deadline_ms: int
+
+
+def effective_limit(config: PoolConfig) -> int:
+    """How many slots may be held now. The adaptive governor will lower it;
+    until then it is the configured limit."""
+    return config.limit
+
+
+def is_live(slot: Slot, now_ms: int) -> bool:
+    # lease_deadline never passes request_deadline, so one comparison covers both.
+    return now_ms < slot.lease_deadline_ms
+
+
+def new_slot(slot_id: str, pool: str, config: PoolConfig, now_ms: int) -> Slot:
+    request_deadline = now_ms + config.request_timeout_ms
+    return Slot(
+        slot_id=slot_id,
+        pool=pool,
+        acquired_ms=now_ms,
+        lease_deadline_ms=min(now_ms + config.term_ms, request_deadline),
+        request_deadline_ms=request_deadline,
+    )
+
+
+def may_admit(config: PoolConfig, in_use: int, waiters_ahead: int) -> bool:
+    """A slot is given only while below the limit and to the head of the line."""
+    return in_use < effective_limit(config) and waiters_ahead == 0
+
+
+def clamp_wait_ms(config: PoolConfig, wanted_ms: int, no_queue: bool) -> int:
+    """The wait an acquire may actually spend in line (0: fail fast)."""
+    if no_queue or config.queue_size == 0:
+        return 0
+    return max(0, min(wanted_ms, config.queue_timeout_ms))
+
+
+def renew(slot: Slot | None, config: PoolConfig, now_ms: int) -> Slot:
+    """Extend a slot by one term, never past its request deadline."""
+    if slot is None or not is_live(slot, now_ms):
+        raise NotFound("No such slot: it was released or reclaimed.")
+    if slot.lease_deadline_ms >= slot.request_deadline_ms:
+        raise Capped()
+    deadline = min(now_ms + config.term_ms, slot.request_deadline_ms)
+    return Slot(slot.slot_id, slot.pool, slot.acquired_ms, deadline, slot.request_deadline_ms)
+
+
+def retry_after_ms(live_request_deadlines: list[int], now_ms: int) -> int | None:
+    """When a slot is sure to free: the earliest hard cap among held slots (renewals
+    cannot pass it). None when nothing is held (the refusal is the queue)."""
+    if not live_request_deadlines:
+        return None
+    return max(1, min(live_request_deadlines) - now_ms)
+
+
+def status_class(status: int) -> str:
+    return f"{status // 100}xx"

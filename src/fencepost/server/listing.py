@@ -1,0 +1,36 @@
+"""Query parameters of the list routes (`GET /v1/locks`, `GET /v1/pools`)."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+
+from fencepost.core.names import is_valid_name
+from fencepost.errors import ValidationError
+
+MAX_LIST_LIMIT = 1000
+DEFAULT_LIST_LIMIT = 100
+_LIST_PARAMS = {"prefix", "limit", "after"}
+_PREFIX_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-")
+
+
+def list_query(request: Request) -> tuple[str, str | None, int]:
+    """(prefix, after, limit); every bad or unknown parameter is named in one 422."""
+    query = request.query_params
+    details = [
+        {"field": name, "message": "unknown query parameter"}
+        for name in query.keys()
+        if name not in _LIST_PARAMS
+    ]
+    prefix = query.get("prefix", "")
+    if len(prefix) > 128 or not set(prefix) <= _PREFIX_CHARS:
+        details.append({"field": "prefix", "message": "must be up to 128 name characters"})
+    after = query.get("after") or None
+    if after is not None and not is_valid_name(after):
+        details.append({"field": "after", "message": "must be a cursor from `next`"})
+    raw_limit = query.get("limit", str(DEFAULT_LIST_LIMIT))
+    limit = int(raw_limit) if raw_limit.isdigit() and len(raw_limit) <= 6 else 0
+    if not 1 <= limit <= MAX_LIST_LIMIT:
+        details.append({"field": "limit", "message": f"must be an integer 1..{MAX_LIST_LIMIT}"})
+    if details:
+        raise ValidationError(details)
+    return prefix, after, limit

@@ -1,0 +1,298 @@
+"""Pool routes (SPEC §4.1–§4.4): configure, acquire (with a fair wait line), renew, release."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from fencepost.core import slots as rules
+from fencepost.core.keys import Role
+from fencepost.core.slots import PoolConfig, Slot
+from fencepost.core.timefmt import format_at
+from fencepost.errors import (
+    FencepostError,
+    InvalidRequest,
+    NotFound,
+    QueueTimeout,
+    ShuttingDown,
+    TooManyRequests,
+    ValidationError,
+)
+from fencepost.server import schemas
+from fencepost.server.context import endpoint, path_name, request_id, services
+from fencepost.server.http import json_response, read_body
+from fencepost.server.listing import list_query
+from fencepost.server.validation import decode_body
+from fencepost.server.waiting import (
+    WAITER_ALIVE_MS,
+    Attempt,
+    ClientGone,
+    wait_in_line,
+    watching_disconnect,
+)
+from fencepost.store.base import PoolView, SlotAttempt, SlotReport
+
+_SLOT_ID = re.compile(r"slot_[A-Za-z0-9_-]{16,64}")
+_FALSE_WORDS = {"0", "false", "no", "off"}
+
+
+def pool_state(view: PoolView) -> schemas.PoolState:
+    c, s = view.config, view.stats
+    return schemas.PoolState(
+        name=view.name, limit=c.limit, queue_size=c.queue_size,
+        queue_timeout_ms=c.queue_timeout_ms, term_ms=c.term_ms,
+        renew_interval_ms=c.suggested_renew_interval_ms,
+        request_timeout_ms=c.request_timeout_ms, rpm=c.rpm, adaptive=c.adaptive,
+        min_limit=c.min_limit, in_use=view.in_use, queued=view.queued,
+        effective_limit=view.effective_limit,
+        stats=schemas.PoolStatsBody(
+            released=s.released, reclaimed=s.reclaimed, statuses=s.statuses,
+            status_429=s.status_429, throttled=s.throttled,
+            last_retry_after_ms=s.last_retry_after_ms,
+            last_reported_at=format_at(s.last_reported_ms),
+        ),
+    )
+
+
+def _config(body: schemas.PoolConfigBody) -> PoolConfig:
+    details = []
+    if body.renew_interval_ms is not None and body.renew_interval_ms >= body.term_ms:
+        details.append({"field": "renew_interval_ms", "message": "must be less than term_ms"})
+    if body.min_limit > body.limit:
+        details.append({"field": "min_limit", "message": "must not exceed limit"})
+    if details:
+        raise ValidationError(details)
+    return PoolConfig(
+        limit=body.limit, queue_size=body.queue_size, queue_timeout_ms=body.queue_timeout_ms,
+        term_ms=body.term_ms, renew_interval_ms=body.renew_interval_ms,
+        request_timeout_ms=body.request_timeout_ms, rpm=body.rpm, adaptive=body.adaptive,
+        min_limit=body.min_limit,
+    )
+
+
+@endpoint
+async def put_pool(request: Request) -> Response:
+    svc = services(request)
+    principal = await svc.auth.authenticate(request, Role.ADMIN)
+    name = path_name(request, "pool")
+    config = _config(decode_body(await read_body(request), schemas.PoolConfigBody))
+    view, created = await svc.store.put_pool(principal.project, name, config)
+    return json_response(201 if created else 200, pool_state(view))
+
+
+@endpoint
+async def get_pool(request: Request) -> Response:
+    svc = services(request)
+    principal = await svc.auth.authenticate(request, Role.READER)
+    name = path_name(request, "pool")
+    view = await svc.store.get_pool(principal.project, name)
+    if view is None:
+        raise NotFound(f"No pool named {name!r}.")
+    return json_response(200, pool_state(view))
+
+
+@endpoint
+async def list_pools(request: Request) -> Response:
+    svc = services(request)
+    principal = await svc.auth.authenticate(request, Role.READER)
+    prefix, after, limit = list_query(request)
+    views = await svc.store.list_pools(principal.project, prefix, after, limit + 1)
+    more = len(views) > limit
+    views = views[:limit]
+    return json_response(
+        200,
+        schemas.PoolList(pools=[pool_state(v) for v in views], next=views[-1].name if more else None),
+    )
+
+
+@endpoint
+async def delete_pool(request: Request) -> Response:
+    svc = services(request)
+    principal = await svc.auth.authenticate(request, Role.ADMIN)
+    name = path_name(request, "pool")
+    if not await svc.store.delete_pool(principal.project, name):
+        raise NotFound(f"No pool named {name!r}.")
+    return json_response(200, schemas.Deleted(deleted=True))
+
+
+# --- acquire -------------------------------------------------------------------
+
+
+def _wanted_wait_ms(request: Request, body: bytes) -> tuple[int, bool]:
+    """The wait asked for (body wins over X-Queue-Timeout-Ms) and whether X-No-Queue is set."""
+    header = request.headers.get("x-queue-timeout-ms")
+    wait_ms = 0
+    if header is not None:
+        header = header.strip()
+        if not header.isdigit() or len(header) > 12:
+            raise InvalidRequest("X-Queue-Timeout-Ms must be a whole number of milliseconds.",
+                                 details=[{"field": "X-Queue-Timeout-Ms", "message": "not a number"}])
+        wait_ms = int(header)
+    if body.strip():
+        parsed = decode_body(body, schemas.AcquireSlotBody)
+        if parsed.wait_ms is not None:
+            wait_ms = parsed.wait_ms
+    no_queue = request.headers.get("x-no-queue")
+    return wait_ms, no_queue is not None and no_queue.strip().lower() not in _FALSE_WORDS
+
+
+def _too_many(attempt: SlotAttempt) -> TooManyRequests:
+    return TooManyRequests(
+        f"All {attempt.effective_limit} slots are in use.",
+        retry_after_ms=attempt.retry_after_ms,
+        in_use=attempt.in_use,
+        effective_limit=attempt.effective_limit,
+    )
+
+
+def _attempt(result: SlotAttempt) -> Attempt[SlotAttempt]:
+    if result.slot is not None:
+        return Attempt(result)
+    return Attempt(None, result.ticket, _too_many(result))
+
+
+async def acquire(request: Request) -> Response:
+    """POST /v1/pools/{pool}/lock/acquire: every attempt goes to the access log."""
+    svc = services(request)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    log: dict[str, Any] = {
+        "pool": str(request.path_params.get("pool", ""))[:200],
+        "request_id": request_id(request),
+        "project": None,
+        "key_id": None,
+    }
+    waited = False
+    try:
+        principal = await svc.auth.authenticate(request, Role.MEMBER)
+        log.update(project=principal.project, key_id=principal.key_id)
+        pool = path_name(request, "pool")
+        wanted_ms, no_queue = _wanted_wait_ms(request, await read_body(request))
+        view = await svc.store.get_pool(principal.project, pool)
+        if view is None:
+            raise NotFound(f"No pool named {pool!r}.")
+        wait_ms = rules.clamp_wait_ms(view.config, wanted_ms, no_queue)
+        waited = wait_ms > 0
+        admitted = await _acquire(request, principal.project, pool, wait_ms)
+    except ClientGone:
+        _log(svc, log, "disconnected", 499, started, loop)
+        return Response(status_code=499)
+    except (TooManyRequests, QueueTimeout) as error:
+        _log(svc, log, "timeout" if waited else "rejected", error.http_status, started, loop)
+        raise
+    except ShuttingDown:
+        _log(svc, log, "shutdown", 503, started, loop)
+        raise
+    except FencepostError as error:
+        _log(svc, log, "invalid", error.http_status, started, loop)
+        raise
+    slot = admitted.slot
+    assert slot is not None
+    queued_ms = int((loop.time() - started) * 1000)
+    log["slot_id_prefix"] = slot.slot_id[:9]  # enough to correlate; the ID itself is a capability
+    _log(svc, log, "granted", 200, started, loop)
+    return json_response(
+        200,
+        _grant_body(slot, view.config),
+        headers={
+            "X-Remaining-Slots": str(max(0, admitted.effective_limit - admitted.in_use)),
+            "X-Effective-Limit": str(admitted.effective_limit),
+            "X-Queued-Ms": str(queued_ms),
+        },
+    )
+
+
+def _grant_body(slot: Slot, config: PoolConfig) -> schemas.SlotGrant:
+    return schemas.SlotGrant(
+        slot_id=slot.slot_id,
+        lease_deadline=slot.lease_deadline_ms,
+        request_deadline=slot.request_deadline_ms,
+        term_ms=config.term_ms,
+        renew_interval_ms=config.suggested_renew_interval_ms,
+    )
+
+
+async def _acquire(request: Request, project: str, pool: str, wait_ms: int) -> SlotAttempt:
+    store = services(request).store
+    wait_alive_ms = WAITER_ALIVE_MS if wait_ms > 0 else None
+    first = _attempt(await store.acquire_slot(project, pool, wait_alive_ms=wait_alive_ms))
+    if first.granted is not None:
+        return first.granted
+    if first.ticket is None:  # fail-fast, or the queue is full
+        assert first.refusal is not None
+        raise first.refusal
+
+    async def retry(ticket: int) -> Attempt[SlotAttempt]:
+        return _attempt(await store.retry_slot_waiter(project, pool, ticket, WAITER_ALIVE_MS))
+
+    async def leave(ticket: int) -> None:
+        await store.leave_slot_line(project, pool, ticket)
+
+    def timed_out(attempt: Attempt[SlotAttempt]) -> FencepostError:
+        return QueueTimeout(f"Waited {wait_ms} ms and no slot opened.")
+
+    async with watching_disconnect(request.receive) as disconnected:
+        admitted = await wait_in_line(
+            services(request).waiters, ("pool", project, pool), first, retry, leave,
+            wait_ms / 1000, disconnected, timed_out,
+        )
+        await asyncio.sleep(0)  # let a disconnect that already arrived be seen
+        if disconnected.is_set() and admitted.slot is not None:
+            await store.release_slot(project, pool, admitted.slot.slot_id, None)
+            raise ClientGone()
+        return admitted
+
+
+def _log(
+    svc: Any, log: dict[str, Any], outcome: str, status: int, started: float,
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    waited_ms = int((loop.time() - started) * 1000)
+    svc.access_log.write("pool.acquire", outcome=outcome, status=status, waited_ms=waited_ms, **log)
+
+
+# --- renew and release -----------------------------------------------------------
+
+
+def _slot_id(request: Request) -> str:
+    slot_id = str(request.path_params["slot_id"])
+    if _SLOT_ID.fullmatch(slot_id) is None:
+        raise NotFound("No such slot.")
+    return slot_id
+
+
+@endpoint
+async def renew(request: Request) -> Response:
+    svc = services(request)
+    principal = await svc.auth.authenticate(request, Role.MEMBER)
+    pool = path_name(request, "pool")
+    body = await read_body(request)
+    if body.strip():
+        decode_body(body, schemas.EmptyBody)  # renewal takes no fields
+    slot = await svc.store.renew_slot(principal.project, pool, _slot_id(request))
+    return json_response(200, schemas.SlotRenewal(lease_deadline=slot.lease_deadline_ms))
+
+
+@endpoint
+async def release(request: Request) -> Response:
+    svc = services(request)
+    principal = await svc.auth.authenticate(request, Role.MEMBER)
+    pool = path_name(request, "pool")
+    body = await read_body(request)
+    report = None
+    if body.strip():
+        parsed = decode_body(body, schemas.ReleaseSlotBody)
+        report = SlotReport(
+            status=parsed.status,
+            throttled=parsed.throttled,
+            retry_after_ms=parsed.retry_after_ms,
+            report_json=msgspec.json.encode(parsed).decode(),
+        )
+    released = await svc.store.release_slot(principal.project, pool, _slot_id(request), report)
+    return json_response(200, schemas.Released(released=released))
+

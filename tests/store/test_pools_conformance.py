@@ -1,0 +1,130 @@
+"""Pool behaviour of the Store protocol, identical on every backend."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from fencepost.core.slots import PoolConfig
+from fencepost.errors import Capped, NotFound
+from fencepost.store.base import Freed, SlotReport, pool_freed
+
+P = "default"
+
+
+async def test_put_creates_then_replaces(store):
+    view, created = await store.put_pool(P, "api", PoolConfig(limit=3))
+    assert created and view.config.limit == 3 and view.in_use == 0 and view.effective_limit == 3
+    view, created = await store.put_pool(P, "api", PoolConfig(limit=5, queue_size=0))
+    assert not created and view.config.limit == 5 and view.config.queue_size == 0
+    assert [v.name for v in await store.list_pools(P, "", None, 10)] == ["api"]
+    assert await store.get_pool("other", "api") is None
+
+
+async def test_limit_holds_under_concurrency(store):
+    await store.put_pool(P, "api", PoolConfig(limit=3))
+    results = await asyncio.gather(
+        *(store.acquire_slot(P, "api", wait_alive_ms=None) for _ in range(48))
+    )
+    assert sum(r.slot is not None for r in results) == 3
+    refused = [r for r in results if r.slot is None]
+    assert all(r.in_use == 3 and r.retry_after_ms is not None for r in refused)
+
+
+async def test_unknown_pool(store):
+    with pytest.raises(NotFound):
+        await store.acquire_slot(P, "nope", wait_alive_ms=None)
+    with pytest.raises(NotFound):
+        await store.release_slot(P, "nope", "slot_x", None)
+
+
+async def test_queue_order_and_size(store):
+    await store.put_pool(P, "api", PoolConfig(limit=1, queue_size=2))
+    held = await store.acquire_slot(P, "api", wait_alive_ms=None)
+    w1 = await store.acquire_slot(P, "api", wait_alive_ms=5_000)
+    w2 = await store.acquire_slot(P, "api", wait_alive_ms=5_000)
+    full = await store.acquire_slot(P, "api", wait_alive_ms=5_000)
+    assert w1.ticket is not None and w2.ticket is not None and full.ticket is None
+    assert (await store.get_pool(P, "api")).queued == 2
+    assert await store.release_slot(P, "api", held.slot.slot_id, None)
+    assert (await store.acquire_slot(P, "api", wait_alive_ms=None)).slot is None  # no jumping
+    assert (await store.retry_slot_waiter(P, "api", w2.ticket, 5_000)).slot is None
+    assert (await store.retry_slot_waiter(P, "api", w1.ticket, 5_000)).slot is not None
+
+
+async def test_renew_cap_and_reclaim(store, clock):
+    events: list[Freed] = []
+    store.add_freed_listener(events.append)
+    await store.put_pool(P, "api", PoolConfig(limit=1, term_ms=1_000, request_timeout_ms=2_500))
+    slot = (await store.acquire_slot(P, "api", wait_alive_ms=None)).slot
+    clock.advance(900)
+    assert (await store.renew_slot(P, "api", slot.slot_id)).lease_deadline_ms == clock.now + 1_000
+    clock.advance(900)
+    capped = await store.renew_slot(P, "api", slot.slot_id)
+    assert capped.lease_deadline_ms == capped.request_deadline_ms
+    with pytest.raises(Capped):
+        await store.renew_slot(P, "api", slot.slot_id)
+    clock.now = capped.request_deadline_ms
+    assert await store.reap() == 1
+    await asyncio.sleep(0)
+    assert pool_freed(P, "api") in events
+    view = await store.get_pool(P, "api")
+    assert view.in_use == 0 and view.stats.reclaimed == 1
+    with pytest.raises(NotFound):
+        await store.renew_slot(P, "api", slot.slot_id)
+
+
+async def test_release_reports_are_counted_once(store):
+    await store.put_pool(P, "api", PoolConfig(limit=2))
+    slot = (await store.acquire_slot(P, "api", wait_alive_ms=None)).slot
+    report = SlotReport(status=429, throttled=3, retry_after_ms=1_500, report_json="{}")
+    assert await store.release_slot(P, "api", slot.slot_id, report) is True
+    assert await store.release_slot(P, "api", slot.slot_id, report) is False
+    stats = (await store.get_pool(P, "api")).stats
+    assert stats.released == 1 and stats.status_429 == 1 and stats.statuses["4xx"] == 1
+    assert stats.throttled == 3 and stats.last_retry_after_ms == 1_500
+
+
+async def test_slots_are_scoped_to_project_and_pool(store):
+    await store.put_pool(P, "a", PoolConfig(limit=1))
+    await store.put_pool(P, "b", PoolConfig(limit=1))
+    await store.create_project("other")
+    await store.put_pool("other", "a", PoolConfig(limit=1))
+    slot = (await store.acquire_slot(P, "a", wait_alive_ms=None)).slot
+    with pytest.raises(NotFound):
+        await store.release_slot(P, "b", slot.slot_id, None)
+    with pytest.raises(NotFound):
+        await store.release_slot("other", "a", slot.slot_id, None)
+    with pytest.raises(NotFound):
+        await store.renew_slot("other", "a", slot.slot_id)
+    assert (await store.get_pool(P, "a")).in_use == 1
+
+
+async def test_delete_ends_slots_and_line(store):
+    events: list[Freed] = []
+    store.add_freed_listener(events.append)
+    await store.put_pool(P, "api", PoolConfig(limit=1))
+    await store.acquire_slot(P, "api", wait_alive_ms=None)
+    waiter = await store.acquire_slot(P, "api", wait_alive_ms=5_000)
+    assert await store.delete_pool(P, "api") is True
+    assert await store.delete_pool(P, "api") is False
+    await asyncio.sleep(0)
+    assert Freed("pool", P, "api", wake_all=True) in events
+    with pytest.raises(NotFound):
+        await store.retry_slot_waiter(P, "api", waiter.ticket, 5_000)
+
+
+async def test_pools_survive_reopen(store, clock):
+    await store.put_pool(P, "api", PoolConfig(limit=2, term_ms=60_000, request_timeout_ms=600_000))
+    slot = (await store.acquire_slot(P, "api", wait_alive_ms=None)).slot
+    await store.close()
+    reopened = type(store)(store.path, clock_ms=clock)
+    await reopened.open()
+    try:
+        view = await reopened.get_pool(P, "api")
+        assert view.config.term_ms == 60_000 and view.in_use == 1
+        assert (await reopened.renew_slot(P, "api", slot.slot_id)).slot_id == slot.slot_id
+    finally:
+        await reopened.close()
+        await store.open()
