@@ -240,9 +240,22 @@ def test_envelope_405_wrong_method(server: ServerProcess, method: str, path: str
         resp = c.request(method, path.format(name=name), headers=lock_headers(),
                          json={"ttl_seconds": 30} if method in ("POST", "PUT", "PATCH") else None)
     assert_envelope(resp, 405, "method_not_allowed")
-    allowed = {m.strip().upper() for m in resp.headers.get("allow", "").split(",") if m.strip()}
-    assert allowed and method not in allowed, f"405 without a fitting Allow header: {allowed}"
     assert lock_state(server, name)["held"] is False
+
+
+@pytest.mark.parametrize("method,path,expected", [
+    ("POST", "/v1/locks/some-lock", {"GET", "DELETE"}),
+    ("GET", "/v1/locks/some-lock/lease", {"PUT", "PATCH", "DELETE"}),
+    ("DELETE", "/v1/whoami", {"GET"}),
+])
+def test_405_names_the_allowed_methods(server: ServerProcess, method: str, path: str,
+                                       expected: set[str]) -> None:
+    """RFC 9110 §15.5.6: a 405 response MUST carry an Allow header."""
+    with server.client() as c:
+        resp = c.request(method, path)
+    assert resp.status_code == 405, resp.text
+    allowed = {m.strip().upper() for m in resp.headers.get("allow", "").split(",") if m.strip()}
+    assert expected <= allowed and method not in allowed, f"Allow header: {allowed or None}"
 
 
 def test_envelope_409_lock_held_with_retry_after(server: ServerProcess) -> None:

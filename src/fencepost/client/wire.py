@@ -103,6 +103,16 @@ class Call(Generic[T]):
         return {"X-Request-Id": self.request_id, **self.headers}
 
 
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    """A step of a program: pause this long (the driver may cut it short to stop)."""
+
+    seconds: float
+
+
+Step = Call[Any] | Sleep
+
+
 def new_token() -> str:
     """A fresh lock token (a random UUID)."""
     return str(uuid.uuid4())
