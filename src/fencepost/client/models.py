@@ -7,7 +7,7 @@ UTC datetimes; fields ending in `_deadline` stay epoch milliseconds as on the wi
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 import msgspec
@@ -18,15 +18,33 @@ Role = Literal["admin", "member", "reader"]
 
 def epoch_ms_to_datetime(epoch_ms: int) -> datetime:
     """An epoch-milliseconds `_deadline` value as a UTC datetime."""
-    return datetime.fromtimestamp(epoch_ms / 1000, tz=timezone.utc)
+    return datetime.fromtimestamp(epoch_ms / 1000, tz=UTC)
 
 
 class Model(msgspec.Struct, frozen=True, kw_only=True):
     """Base of every result type; `to_dict()` gives JSON-ready builtins."""
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields as JSON-ready builtins (datetimes as RFC 3339 strings)."""
-        return msgspec.to_builtins(self)  # type: ignore[no-any-return]
+        """The fields as JSON-ready builtins, datetimes as RFC 3339 strings in the
+        server's own format (UTC, milliseconds, `Z`)."""
+        raw = msgspec.to_builtins(self, builtin_types=(datetime,))
+        return _times_as_text(raw)  # type: ignore[no-any-return]
+
+
+def format_at(moment: datetime) -> str:
+    """`2026-11-29T06:43:26.123Z`, as the server writes times."""
+    utc = moment.astimezone(timezone.utc)
+    return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
+
+
+def _times_as_text(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return format_at(value)
+    if isinstance(value, dict):
+        return {k: _times_as_text(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_times_as_text(v) for v in value]
+    return value
 
 
 class Lease(Model, frozen=True, kw_only=True):

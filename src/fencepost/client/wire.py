@@ -34,7 +34,7 @@ M = TypeVar("M", bound=msgspec.Struct)
 # The server accepts waits up to this long per request (SPEC §3.1); longer waits
 # are made of several requests.
 MAX_LOCK_WAIT_S = 300.0
-_CLIENT_ONLY = {TransportError, UnexpectedResponse, FencepostError}
+_CLIENT_ONLY = {TransportError, UnexpectedResponse}
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ class Role(IntEnum):
     ADMIN = 3
 
     @classmethod
-    def parse(cls, name: str) -> "Role":
+    def parse(cls, name: str) -> Role:
         return cls[name.upper()]
 
     @property

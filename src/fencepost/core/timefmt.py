@@ -5,7 +5,7 @@ Internally every instant is an integer count of Unix epoch milliseconds.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import lru_cache
 
 MS_PER_SECOND = 1000
@@ -23,4 +23,4 @@ def format_at(epoch_ms: int | None) -> str | None:
 @lru_cache(maxsize=4096)
 def _second_stamp(seconds: int) -> str:
     # Cached: on the hot path most stamps fall in the same few seconds.
-    return datetime.fromtimestamp(seconds, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    return datetime.fromtimestamp(seconds, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S")

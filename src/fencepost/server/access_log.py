@@ -10,8 +10,8 @@ from typing import IO, Any
 
 import msgspec
 
-from fencepost.core.timefmt import format_at
 from fencepost.clock import wall_clock_ms
+from fencepost.core.timefmt import format_at
 
 _encoder = msgspec.json.Encoder()
 

@@ -61,7 +61,9 @@ class Authenticator:
             raise Forbidden("This key may not be used from your address.")
         self._count_request(record)
         if record.role < needs:
-            raise Forbidden(f"This route needs the {needs.label} role; the key is a {record.role.label}.")
+            raise Forbidden(
+                f"This route needs the {needs.label} role; the key is a {record.role.label}."
+            )
         return Principal(record.id, record.project, record.role)
 
     async def _lookup(self, secret: str) -> tuple[KeyRecord | None, list[Network]]:

@@ -7,7 +7,9 @@ from typing import Any, Awaitable, Callable
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
-ASGIApp = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 MAX_REQUEST_ID_LENGTH = 128
 

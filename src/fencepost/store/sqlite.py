@@ -18,17 +18,21 @@ from fencepost.clock import wall_clock_ms
 from fencepost.core import leases as rules
 from fencepost.core.keys import Role, hash_secret, new_key_id, new_secret, same_hash
 from fencepost.core.leases import AcquireRequest, EndReason, Granted, Lease, OnExpiry
+from fencepost.core.slots import PoolConfig, Slot
 from fencepost.errors import Conflict, StoreUnavailable
+from fencepost.store import sqlite_pools as pools
 from fencepost.store.base import (
     AcquireResult,
     ForceReleased,
     FreedListener,
     KeyRecord,
-    lock_freed,
     LockView,
     NewKey,
+    PoolView,
+    SlotAttempt,
+    SlotReport,
+    lock_freed,
 )
-from fencepost.store import sqlite_pools as pools
 from fencepost.store.sqlite_batch import BatchWriter, Tx
 
 # Why a lease ended is kept this long, so a late renewal learns the reason.

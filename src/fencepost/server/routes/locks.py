@@ -29,7 +29,6 @@ from fencepost.server.waiting import (
 from fencepost.store.base import AcquireResult, LockView
 
 
-
 def grant_body(lease: Lease) -> schemas.LeaseGrant:
     return schemas.LeaseGrant(
         key=lease.key,
@@ -70,7 +69,8 @@ def _metadata_json(metadata: dict[str, Any] | None) -> str | None:
         return None
     encoded = msgspec.json.encode(metadata)
     if len(encoded) > schemas.MAX_METADATA_BYTES:
-        raise invalid_field("metadata", f"must be at most {schemas.MAX_METADATA_BYTES} bytes as JSON")
+        limit = schemas.MAX_METADATA_BYTES
+        raise invalid_field("metadata", f"must be at most {limit} bytes as JSON")
     return encoded.decode()
 
 

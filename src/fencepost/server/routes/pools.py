@@ -106,7 +106,9 @@ async def list_pools(request: Request) -> Response:
     views = views[:limit]
     return json_response(
         200,
-        schemas.PoolList(pools=[pool_state(v) for v in views], next=views[-1].name if more else None),
+        schemas.PoolList(
+            pools=[pool_state(v) for v in views], next=views[-1].name if more else None
+        ),
     )
 
 
@@ -130,8 +132,10 @@ def _wanted_wait_ms(request: Request, body: bytes) -> tuple[int, bool]:
     if header is not None:
         header = header.strip()
         if not header.isdigit() or len(header) > 12:
-            raise InvalidRequest("X-Queue-Timeout-Ms must be a whole number of milliseconds.",
-                                 details=[{"field": "X-Queue-Timeout-Ms", "message": "not a number"}])
+            raise InvalidRequest(
+                "X-Queue-Timeout-Ms must be a whole number of milliseconds.",
+                details=[{"field": "X-Queue-Timeout-Ms", "message": "not a number"}],
+            )
         wait_ms = int(header)
     if body.strip():
         parsed = decode_body(body, schemas.AcquireSlotBody)

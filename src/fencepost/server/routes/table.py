@@ -89,7 +89,7 @@ ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec(
         "POST", "/v1/pools/{pool}/lock/acquire", pools.acquire, "Acquire a slot", Role.MEMBER,
         schemas.AcquireSlotBody,
-        ((200, schemas.SlotGrant, "Admitted; see X-Remaining-Slots, X-Effective-Limit, X-Queued-Ms"),
+        ((200, schemas.SlotGrant, "Admitted (X-Remaining-Slots, X-Effective-Limit, X-Queued-Ms)"),
          (404, None, "not_found"), (429, None, "too_many_requests"), (504, None, "queue_timeout")),
         (("X-Queue-Timeout-Ms", False, "How long to wait in line (the body's wait_ms wins)"),
          ("X-No-Queue", False, "Fail fast even when a wait was asked for")),

@@ -1,0 +1,353 @@
+"""Every API call, written once as a small sans-I/O program.
+
+Each operation is a generator: it yields the `Call`s to make, receives their
+decoded answers (or has their errors thrown into it), and returns the result.
+`AsyncClient` and `Client` run the same programs; neither holds request-building
+or decoding logic of its own. Most programs make one call; acquiring a lock for
+longer than the server's longest wait makes several.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Generator, Iterable, Mapping
+from typing import Any, TypeVar
+
+import msgspec
+
+from fencepost.client.models import (
+    CreatedKey,
+    ForceRelease,
+    Health,
+    KeyInfo,
+    Lease,
+    LeaseRenewal,
+    LockInfo,
+    LockPage,
+    OnExpiry,
+    PoolInfo,
+    PoolPage,
+    Role,
+    SlotGrant,
+    SlotRenewal,
+    WhoAmI,
+)
+from fencepost.client.outcome import Outcome
+from fencepost.client.wire import (
+    MAX_LOCK_WAIT_S,
+    Call,
+    Reply,
+    Step,
+    Wait,
+    decode_as,
+    decode_flag,
+    header_int,
+    id_segment,
+    name_segment,
+    new_token,
+    parse_body,
+    parse_json,
+)
+from fencepost.errors import LockHeld, UnexpectedResponse
+
+T = TypeVar("T")
+Op = Generator[Step, Any, T]
+"""A program that yields steps (calls, sleeps) and returns a `T`."""
+
+
+def _one(call: Call[T]) -> Op[T]:
+    result: T = yield call
+    return result
+
+
+def _list_params(prefix: str | None, limit: int | None, after: str | None) -> dict[str, str]:
+    params: dict[str, str] = {}
+    if prefix:
+        params["prefix"] = prefix
+    if limit is not None:
+        params["limit"] = str(limit)
+    if after:
+        params["after"] = after
+    return params
+
+
+# --- locks (SPEC §3) -----------------------------------------------------------
+
+
+def acquire_call(
+    key: str,
+    token: str,
+    *,
+    ttl: int,
+    wait_until: float | None,
+    operation: str | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    on_expiry: OnExpiry = "release",
+    retry: bool = True,
+) -> Call[Lease]:
+    """The acquire request for one lock token; waits until `wait_until` (monotonic)."""
+    body: dict[str, Any] = {"ttl_seconds": ttl}
+    if operation is not None:
+        body["operation"] = operation
+    if metadata is not None:
+        body["metadata"] = dict(metadata)
+    if on_expiry != "release":
+        body["on_expiry"] = on_expiry
+
+    def decode(reply: Reply) -> Lease:
+        lease = parse_body(reply, Lease)
+        return msgspec.structs.replace(lease, lock_token=token, created=reply.status == 201)
+
+    return Call(
+        "PUT", f"/v1/locks/{name_segment(key, 'key')}/lease", decode, body=body,
+        headers={"X-Lock-Token": token},
+        wait=None if wait_until is None else Wait(wait_until, "wait_seconds"),
+        retry=retry,
+    )
+
+
+def acquire_lock(
+    key: str,
+    *,
+    ttl: int,
+    wait: float = 0,
+    operation: str | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    on_expiry: OnExpiry = "release",
+    token: str | None = None,
+) -> Op[Lease]:
+    """Acquire lock `key` for `ttl` seconds, waiting in line up to `wait` seconds
+    (0 fails fast with `LockHeld`). Returns the `Lease`, whose `lock_token` you
+    keep to renew and release. A retried request reuses the same lock token, so a
+    lost answer never creates a second lease. Waits over 300 s (the server's
+    longest) are made of consecutive waits. You usually want `lock()` instead:
+    it renews and releases for you."""
+    token = token or new_token()
+    deadline = time.monotonic() + wait if wait > 0 else None
+    while True:
+        chunk_end = None
+        if deadline is not None:
+            chunk_end = min(deadline, time.monotonic() + MAX_LOCK_WAIT_S)
+        call = acquire_call(
+            key, token, ttl=ttl, wait_until=chunk_end, operation=operation,
+            metadata=metadata, on_expiry=on_expiry,
+        )
+        try:
+            lease: Lease = yield call
+            return lease
+        except LockHeld:
+            if deadline is None or time.monotonic() >= deadline - 0.001:
+                raise
+
+
+def renew_call(key: str, token: str, ttl: int, *, retry: bool = True,
+               timeout: float | None = None) -> Call[LeaseRenewal]:
+    return Call(
+        "PATCH", f"/v1/locks/{name_segment(key, 'key')}/lease", decode_as(LeaseRenewal),
+        body={"ttl_seconds": ttl}, headers={"X-Lock-Token": token}, retry=retry,
+        timeout=timeout,
+    )
+
+
+def renew_lock(key: str, token: str, *, ttl: int) -> Op[LeaseRenewal]:
+    """Renew the lease that `token` holds on `key`: it now expires `ttl` seconds
+    from when the server handles this. Raises `LeaseLost` when the token no longer
+    holds the lock, `LeaseExpired` when the renewal came too late."""
+    return _one(renew_call(key, token, ttl))
+
+
+def release_call(key: str, token: str) -> Call[bool]:
+    return Call(
+        "DELETE", f"/v1/locks/{name_segment(key, 'key')}/lease", decode_flag("released"),
+        headers={"X-Lock-Token": token},
+    )
+
+
+def release_lock(key: str, token: str) -> Op[bool]:
+    """Release the lease that `token` holds on `key`. True when it held the lock,
+    False when it no longer did (idempotent: never an error)."""
+    return _one(release_call(key, token))
+
+
+def get_lock(key: str) -> Op[LockInfo]:
+    """The state of lock `key`: holder's fencing token, operation, expiry, waiters."""
+    return _one(Call("GET", f"/v1/locks/{name_segment(key, 'key')}", decode_as(LockInfo)))
+
+
+def list_locks(
+    *, prefix: str | None = None, limit: int | None = None, after: str | None = None
+) -> Op[LockPage]:
+    """One page of the project's held locks, sorted by key (`limit` 1..1000)."""
+    return _one(Call("GET", "/v1/locks", decode_as(LockPage),
+                     params=_list_params(prefix, limit, after)))
+
+
+def force_release(key: str) -> Op[ForceRelease]:
+    """Force-release lock `key` whatever holds it (admin). Always succeeds;
+    afterwards no lease is live and the displaced holder's next renewal fails."""
+    return _one(Call("DELETE", f"/v1/locks/{name_segment(key, 'key')}",
+                     decode_as(ForceRelease)))
+
+
+# --- pools (SPEC §4) -----------------------------------------------------------
+
+
+def _pool_path(pool: str) -> str:
+    return f"/v1/pools/{name_segment(pool, 'pool')}"
+
+
+def set_pool(
+    name: str,
+    *,
+    limit: int,
+    queue_size: int | None = None,
+    queue_timeout_ms: int | None = None,
+    term_ms: int | None = None,
+    renew_interval_ms: int | None = None,
+    request_timeout_ms: int | None = None,
+    rpm: int | None = None,
+    adaptive: bool | None = None,
+    min_limit: int | None = None,
+) -> Op[PoolInfo]:
+    """Create or replace pool `name`'s configuration (admin). Fields left out take
+    the server's defaults. Returns the configuration and live state."""
+    fields = {
+        "limit": limit, "queue_size": queue_size, "queue_timeout_ms": queue_timeout_ms,
+        "term_ms": term_ms, "renew_interval_ms": renew_interval_ms,
+        "request_timeout_ms": request_timeout_ms, "rpm": rpm, "adaptive": adaptive,
+        "min_limit": min_limit,
+    }
+    body = {k: v for k, v in fields.items() if v is not None}
+    return _one(Call("PUT", _pool_path(name), decode_as(PoolInfo), body=body))
+
+
+def get_pool(name: str) -> Op[PoolInfo]:
+    """Pool `name`'s configuration and live state (`in_use`, `queued`, ...)."""
+    return _one(Call("GET", _pool_path(name), decode_as(PoolInfo)))
+
+
+def list_pools(
+    *, prefix: str | None = None, limit: int | None = None, after: str | None = None
+) -> Op[PoolPage]:
+    """One page of the project's pools, sorted by name."""
+    return _one(Call("GET", "/v1/pools", decode_as(PoolPage),
+                     params=_list_params(prefix, limit, after)))
+
+
+def delete_pool(name: str) -> Op[bool]:
+    """Delete pool `name` (admin): its slots end and its waiters are refused.
+    Raises `NotFound` when there is no such pool."""
+    return _one(Call("DELETE", _pool_path(name), decode_flag("deleted")))
+
+
+def acquire_slot_call(pool: str, *, wait: float = 0, no_queue: bool = False) -> Call[SlotGrant]:
+    headers = {"X-No-Queue": "1"} if no_queue else {}
+    wait_spec = None
+    if wait > 0:
+        wait_spec = Wait(time.monotonic() + wait, "wait_ms", in_ms=True, cap_s=math.inf)
+
+    def decode(reply: Reply) -> SlotGrant:
+        grant = parse_body(reply, SlotGrant)
+        return msgspec.structs.replace(
+            grant,
+            pool=pool,
+            remaining_slots=header_int(reply.headers, "x-remaining-slots"),
+            effective_limit=header_int(reply.headers, "x-effective-limit"),
+            queued_ms=header_int(reply.headers, "x-queued-ms"),
+        )
+
+    # Not idempotent: a retry after a lost answer would take a second slot, so it
+    # is retried only when the first attempt surely never reached the server.
+    return Call("POST", f"{_pool_path(pool)}/lock/acquire", decode, body={},
+                headers=headers, wait=wait_spec, idempotent=False)
+
+
+def acquire_slot(pool: str, *, wait: float = 0, no_queue: bool = False) -> Op[SlotGrant]:
+    """Take a slot in `pool`, waiting in line up to `wait` seconds (clamped by the
+    pool's `queue_timeout_ms`). Raises `TooManyRequests` when no slot is free and
+    no wait was asked (or the queue is full), `QueueTimeout` when the wait ran out.
+    You usually want `slot()` instead: it renews and releases for you."""
+    return _one(acquire_slot_call(pool, wait=wait, no_queue=no_queue))
+
+
+def renew_slot_call(pool: str, slot_id: str, *, retry: bool = True,
+                    timeout: float | None = None) -> Call[SlotRenewal]:
+    return Call("POST", f"{_pool_path(pool)}/lock/{id_segment(slot_id)}/renew",
+                decode_as(SlotRenewal), retry=retry, timeout=timeout)
+
+
+def renew_slot(pool: str, slot_id: str) -> Op[SlotRenewal]:
+    """Extend slot `slot_id` by the pool's term. Raises `NotFound` when the slot is
+    gone, `Capped` when it is at its request deadline."""
+    return _one(renew_slot_call(pool, slot_id))
+
+
+def release_slot_call(pool: str, slot_id: str, outcome: Outcome | None = None) -> Call[bool]:
+    body = outcome.to_body() if outcome is not None else None
+    return Call("POST", f"{_pool_path(pool)}/lock/{id_segment(slot_id)}/release",
+                decode_flag("released"), body=body or None)
+
+
+def release_slot(pool: str, slot_id: str, outcome: Outcome | None = None) -> Op[bool]:
+    """Release slot `slot_id`, reporting the upstream `outcome` if given. True when
+    the slot was held, False when it was already gone (idempotent)."""
+    return _one(release_slot_call(pool, slot_id, outcome))
+
+
+# --- keys and identity (SPEC §5) ------------------------------------------------
+
+
+def create_key(
+    role: Role,
+    *,
+    name: str | None = None,
+    expires_in: int | None = None,
+    allow_ips: Iterable[str] | None = None,
+    rpm_quota: int | None = None,
+) -> Op[CreatedKey]:
+    """Create an API key in this key's project (admin). `expires_in` is in
+    seconds. The secret (`CreatedKey.key`) is shown only in this answer."""
+    body: dict[str, Any] = {"role": role}
+    if name is not None:
+        body["name"] = name
+    if expires_in is not None:
+        body["expires_in_seconds"] = expires_in
+    if allow_ips is not None:
+        body["allow_ips"] = list(allow_ips)
+    if rpm_quota is not None:
+        body["rpm_quota"] = rpm_quota
+    # Not idempotent: a retry after a lost answer would make a second key.
+    return _one(Call("POST", "/v1/keys", decode_as(CreatedKey), body=body, idempotent=False))
+
+
+def _decode_key_list(reply: Reply) -> list[KeyInfo]:
+    body = parse_json(reply)
+    if not isinstance(body, dict) or not isinstance(body.get("keys"), list):
+        raise UnexpectedResponse("The server's key list has no 'keys'.", status=reply.status)
+    try:
+        return msgspec.convert(body["keys"], list[KeyInfo], strict=False)
+    except msgspec.ValidationError as exc:
+        raise UnexpectedResponse(f"The server's key list could not be read: {exc}.",
+                                 status=reply.status) from None
+
+
+def list_keys() -> Op[list[KeyInfo]]:
+    """The project's API keys, without secrets (admin)."""
+    return _one(Call("GET", "/v1/keys", _decode_key_list))
+
+
+def revoke_key(key_id: str) -> Op[bool]:
+    """Revoke key `key_id` (admin); refused everywhere within 2 s. Raises `NotFound`
+    for an unknown ID."""
+    return _one(Call("DELETE", f"/v1/keys/{id_segment(key_id)}", decode_flag("revoked")))
+
+
+def whoami() -> Op[WhoAmI]:
+    """This key's project, ID and role."""
+    return _one(Call("GET", "/v1/whoami", decode_as(WhoAmI)))
+
+
+def health() -> Op[Health]:
+    """The server's health (no key needed)."""
+    return _one(Call("GET", "/healthz", decode_as(Health)))
