@@ -33,7 +33,7 @@ class Model(msgspec.Struct, frozen=True, kw_only=True):
 
 def format_at(moment: datetime) -> str:
     """`2026-11-29T06:43:26.123Z`, as the server writes times."""
-    utc = moment.astimezone(timezone.utc)
+    utc = moment.astimezone(UTC)
     return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
 
 

@@ -1,5 +1,5 @@
-"""Pool and slot statements for the SQLite store; each runs inside one
-transaction on the writer thread (see sqlite_batch.py)."""
+"""Pool and slot statements (portable SQL, `?` placeholders); each runs inside
+the batch transaction (see batch.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from fencepost.core import slots as rules
 from fencepost.core.slots import PoolConfig, Slot
 from fencepost.errors import NotFound
 from fencepost.store.base import PoolStats, PoolView, SlotAttempt, SlotReport, pool_freed
-from fencepost.store.sqlite_batch import Tx
+from fencepost.store.batch import Tx
 
 _CONFIG_COLUMNS = (
     "slot_limit, queue_size, queue_timeout_ms, term_ms, renew_interval_ms, "
@@ -53,7 +53,7 @@ def _slot(row: Any) -> Slot:
 
 
 def load_config(tx: Tx, project: str, pool: str) -> PoolConfig:
-    row = tx.conn.execute(
+    row = tx.execute(
         f"SELECT {_CONFIG_COLUMNS} FROM pools WHERE project = ? AND name = ?", (project, pool)
     ).fetchone()
     if row is None:
@@ -62,7 +62,7 @@ def load_config(tx: Tx, project: str, pool: str) -> PoolConfig:
 
 
 def in_use(tx: Tx, project: str, pool: str) -> int:
-    row = tx.conn.execute(
+    row = tx.execute(
         "SELECT COUNT(*) FROM slots WHERE project = ? AND pool = ? AND lease_deadline_ms > ?",
         (project, pool, tx.now_ms),
     ).fetchone()
@@ -70,7 +70,7 @@ def in_use(tx: Tx, project: str, pool: str) -> int:
 
 
 def waiters(tx: Tx, project: str, pool: str, before_ticket: int | None = None) -> int:
-    row = tx.conn.execute(
+    row = tx.execute(
         "SELECT COUNT(*) FROM slot_waiters WHERE project = ? AND pool = ? "
         "AND alive_until_ms > ? AND ticket < ?",
         (project, pool, tx.now_ms, before_ticket if before_ticket is not None else 2**62),
@@ -79,7 +79,7 @@ def waiters(tx: Tx, project: str, pool: str, before_ticket: int | None = None) -
 
 
 def view(tx: Tx, project: str, pool: str) -> PoolView | None:
-    row = tx.conn.execute(
+    row = tx.execute(
         f"SELECT {_CONFIG_COLUMNS}, {_STATS_COLUMNS} FROM pools WHERE project = ? AND name = ?",
         (project, pool),
     ).fetchone()
@@ -105,14 +105,14 @@ def put(tx: Tx, project: str, pool: str, config: PoolConfig) -> tuple[PoolView, 
     )
     # Contract: replacing a configuration keeps the pool's slots and statistics;
     # a raised limit may admit waiters at once, so all of them re-check.
-    updated = tx.conn.execute(
+    updated = tx.execute(
         "UPDATE pools SET slot_limit = ?, queue_size = ?, queue_timeout_ms = ?, term_ms = ?, "
         "renew_interval_ms = ?, request_timeout_ms = ?, rpm = ?, adaptive = ?, min_limit = ?, "
         "updated_ms = ? WHERE project = ? AND name = ?",
         (*values, tx.now_ms, project, pool),
     ).rowcount
     if not updated:
-        tx.conn.execute(
+        tx.execute(
             f"INSERT INTO pools (project, name, {_CONFIG_COLUMNS}, created_ms, updated_ms) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (project, pool, *values, tx.now_ms, tx.now_ms),
@@ -124,7 +124,7 @@ def put(tx: Tx, project: str, pool: str, config: PoolConfig) -> tuple[PoolView, 
 
 
 def list_views(tx: Tx, project: str, prefix: str, after: str | None, limit: int) -> list[PoolView]:
-    rows = tx.conn.execute(
+    rows = tx.execute(
         "SELECT name FROM pools WHERE project = ? AND name >= ? AND name < ? AND name > ? "
         "ORDER BY name LIMIT ?",
         (project, prefix, prefix + "\U0010ffff", after or "", limit),
@@ -133,13 +133,13 @@ def list_views(tx: Tx, project: str, prefix: str, after: str | None, limit: int)
 
 
 def delete(tx: Tx, project: str, pool: str) -> bool:
-    gone = tx.conn.execute(
+    gone = tx.execute(
         "DELETE FROM pools WHERE project = ? AND name = ?", (project, pool)
     ).rowcount
     if not gone:
         return False
-    tx.conn.execute("DELETE FROM slots WHERE project = ? AND pool = ?", (project, pool))
-    tx.conn.execute("DELETE FROM slot_waiters WHERE project = ? AND pool = ?", (project, pool))
+    tx.execute("DELETE FROM slots WHERE project = ? AND pool = ?", (project, pool))
+    tx.execute("DELETE FROM slot_waiters WHERE project = ? AND pool = ?", (project, pool))
     # Every waiter re-checks, finds the pool gone and answers 404.
     tx.events.append(pool_freed(project, pool, wake_all=True))
     return True
@@ -148,11 +148,11 @@ def delete(tx: Tx, project: str, pool: str) -> bool:
 def _refusal(tx: Tx, project: str, pool: str, config: PoolConfig, used: int) -> SlotAttempt:
     deadlines = [
         row[0]
-        for row in tx.conn.execute(
+        for row in tx.execute(
             "SELECT request_deadline_ms FROM slots WHERE project = ? AND pool = ? "
             "AND lease_deadline_ms > ?",
             (project, pool, tx.now_ms),
-        )
+        ).fetchall()
     ]
     return SlotAttempt(
         None, None, used, rules.effective_limit(config),
@@ -162,7 +162,7 @@ def _refusal(tx: Tx, project: str, pool: str, config: PoolConfig, used: int) -> 
 
 def _admit(tx: Tx, project: str, pool: str, config: PoolConfig, used: int) -> SlotAttempt:
     slot = rules.new_slot(new_slot_id(), pool, config, tx.now_ms)
-    tx.conn.execute(
+    tx.execute(
         f"INSERT INTO slots (project, {_SLOT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
         (project, slot.slot_id, pool, slot.acquired_ms, slot.lease_deadline_ms,
          slot.request_deadline_ms),
@@ -186,16 +186,17 @@ def acquire(tx: Tx, project: str, pool: str, wait_alive_ms: int | None) -> SlotA
 
 
 def _join_line(tx: Tx, project: str, pool: str, alive_ms: int) -> int:
-    cur = tx.conn.execute(
-        "INSERT INTO slot_waiters (project, pool, alive_until_ms) VALUES (?, ?, ?)",
+    row = tx.execute(
+        "INSERT INTO slot_waiters (project, pool, alive_until_ms) VALUES (?, ?, ?) "
+        "RETURNING ticket",
         (project, pool, tx.now_ms + alive_ms),
-    )
-    return int(cur.lastrowid or 0)
+    ).fetchone()
+    return int(row[0])
 
 
 def retry_waiter(tx: Tx, project: str, pool: str, ticket: int, alive_ms: int) -> SlotAttempt:
     config = load_config(tx, project, pool)  # NotFound once the pool is deleted
-    refreshed = tx.conn.execute(
+    refreshed = tx.execute(
         "UPDATE slot_waiters SET alive_until_ms = ? WHERE ticket = ?",
         (tx.now_ms + alive_ms, ticket),
     ).rowcount
@@ -203,7 +204,7 @@ def retry_waiter(tx: Tx, project: str, pool: str, ticket: int, alive_ms: int) ->
         ticket = _join_line(tx, project, pool, alive_ms)
     used = in_use(tx, project, pool)
     if rules.may_admit(config, used, waiters(tx, project, pool, before_ticket=ticket)):
-        tx.conn.execute("DELETE FROM slot_waiters WHERE ticket = ?", (ticket,))
+        tx.execute("DELETE FROM slot_waiters WHERE ticket = ?", (ticket,))
         admitted = _admit(tx, project, pool, config, used)
         if admitted.in_use < admitted.effective_limit:
             tx.events.append(pool_freed(project, pool))  # room for the next in line too
@@ -213,14 +214,14 @@ def retry_waiter(tx: Tx, project: str, pool: str, ticket: int, alive_ms: int) ->
 
 
 def leave_line(tx: Tx, project: str, pool: str, ticket: int) -> None:
-    if tx.conn.execute("DELETE FROM slot_waiters WHERE ticket = ?", (ticket,)).rowcount:
+    if tx.execute("DELETE FROM slot_waiters WHERE ticket = ?", (ticket,)).rowcount:
         tx.events.append(pool_freed(project, pool))
 
 
 def _own_slot(tx: Tx, project: str, pool: str, slot_id: str) -> Slot | None:
     """The slot if it exists and is this project's and pool's; NotFound if it is
     someone else's; None when it is gone."""
-    row = tx.conn.execute(
+    row = tx.execute(
         f"SELECT project, {_SLOT_COLUMNS} FROM slots WHERE slot_id = ?", (slot_id,)
     ).fetchone()
     if row is None:
@@ -233,7 +234,7 @@ def _own_slot(tx: Tx, project: str, pool: str, slot_id: str) -> Slot | None:
 def renew(tx: Tx, project: str, pool: str, slot_id: str) -> Slot:
     config = load_config(tx, project, pool)
     renewed = rules.renew(_own_slot(tx, project, pool, slot_id), config, tx.now_ms)
-    tx.conn.execute(
+    tx.execute(
         "UPDATE slots SET lease_deadline_ms = ? WHERE slot_id = ?",
         (renewed.lease_deadline_ms, slot_id),
     )
@@ -245,7 +246,7 @@ def release(tx: Tx, project: str, pool: str, slot_id: str, report: SlotReport | 
     slot = _own_slot(tx, project, pool, slot_id)
     if slot is None:
         return False
-    tx.conn.execute("DELETE FROM slots WHERE slot_id = ?", (slot_id,))
+    tx.execute("DELETE FROM slots WHERE slot_id = ?", (slot_id,))
     if not rules.is_live(slot, tx.now_ms):
         # Already past its deadline: it was not held any more, only not yet reaped.
         _count_reclaimed(tx, project, pool, 1)
@@ -277,14 +278,14 @@ def _record_release(tx: Tx, project: str, pool: str, report: SlotReport | None) 
         args.append(report.report_json)
         sets.append("last_reported_ms = ?")
         args.append(tx.now_ms)
-    tx.conn.execute(
+    tx.execute(
         f"UPDATE pools SET {', '.join(sets)} WHERE project = ? AND name = ?",
         (*args, project, pool),
     )
 
 
 def _count_reclaimed(tx: Tx, project: str, pool: str, count: int) -> None:
-    tx.conn.execute(
+    tx.execute(
         "UPDATE pools SET reclaimed = reclaimed + ? WHERE project = ? AND name = ?",
         (count, project, pool),
     )
@@ -292,7 +293,7 @@ def _count_reclaimed(tx: Tx, project: str, pool: str, count: int) -> None:
 
 def reap(tx: Tx) -> int:
     """Reclaim slots past their lease deadline and drop dead waiters."""
-    dead = tx.conn.execute(
+    dead = tx.execute(
         "DELETE FROM slots WHERE lease_deadline_ms <= ? RETURNING project, pool",
         (tx.now_ms,),
     ).fetchall()
@@ -302,10 +303,10 @@ def reap(tx: Tx) -> int:
     for (project, pool), count in per_pool.items():
         _count_reclaimed(tx, project, pool, count)
         tx.events.append(pool_freed(project, pool))
-    gone = tx.conn.execute(
+    gone = tx.execute(
         "DELETE FROM slot_waiters WHERE alive_until_ms <= ? RETURNING project, pool",
         (tx.now_ms,),
     ).fetchall()
-    for project, pool in set(gone):
+    for project, pool in {(p, n) for p, n in gone}:
         tx.events.append(pool_freed(project, pool))
     return len(dead)

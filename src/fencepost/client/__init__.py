@@ -1,0 +1,67 @@
+"""The fencepost Python client: `AsyncClient` (asyncio) and `Client` (blocking).
+
+Both are built on one sans-I/O layer: `operations` (each API call as a small
+program of requests), `wire` (request values, answer and error decoding),
+`keeper` (when to renew a lease and when it is lost) and `retrying` (one retry
+policy). The clients only move bytes and run the keeper in a task or a thread.
+
+    import fencepost
+
+    with fencepost.Client() as client:              # FENCEPOST_URL, FENCEPOST_API_KEY
+        with client.lock("nightly-report", ttl=60, wait=30) as lock:
+            store.write(data, fencing_token=lock.fencing_token)
+"""
+
+from fencepost.client.aio import AsyncClient, AsyncLockHold, AsyncSlotHold
+from fencepost.client.keeper import Loss
+from fencepost.client.methods import METHOD_NAMES, Methods
+from fencepost.client.models import (
+    CreatedKey,
+    ForceRelease,
+    Health,
+    KeyInfo,
+    Lease,
+    LeaseRenewal,
+    LockInfo,
+    LockPage,
+    PoolInfo,
+    PoolPage,
+    SlotGrant,
+    SlotRenewal,
+    WhoAmI,
+)
+from fencepost.client.outcome import Outcome, outcome_from_response
+from fencepost.client.retrying import NO_RETRIES, Retries
+from fencepost.client.sync import Client, LockHold, SlotHold
+from fencepost.client.transport import DEFAULT_URL, Settings
+
+__all__ = [
+    "DEFAULT_URL",
+    "METHOD_NAMES",
+    "NO_RETRIES",
+    "AsyncClient",
+    "AsyncLockHold",
+    "AsyncSlotHold",
+    "Client",
+    "CreatedKey",
+    "ForceRelease",
+    "Health",
+    "KeyInfo",
+    "Lease",
+    "LeaseRenewal",
+    "LockHold",
+    "LockInfo",
+    "LockPage",
+    "Loss",
+    "Methods",
+    "Outcome",
+    "PoolInfo",
+    "PoolPage",
+    "Retries",
+    "Settings",
+    "SlotGrant",
+    "SlotHold",
+    "SlotRenewal",
+    "WhoAmI",
+    "outcome_from_response",
+]

@@ -1,0 +1,296 @@
+"""`AsyncClient`: the asyncio client, and its `lock()` / `slot()` context managers."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from types import TracebackType
+from typing import Any, TypeVar
+
+import httpx
+from tenacity import AsyncRetrying
+
+from fencepost.client.holding import Holding, LockFacts, SlotFacts, log, report_failure
+from fencepost.client.keeper import Terms, keep_alive
+from fencepost.client.methods import AsyncRunner, Methods
+from fencepost.client.models import OnExpiry
+from fencepost.client.operations import Op
+from fencepost.client.retrying import Retries, tenacity_options
+from fencepost.client.transport import Settings, reply_of, transport_error
+from fencepost.client.wire import Call, Sleep, raise_for_status
+from fencepost.errors import FencepostError, TransportError, UnexpectedResponse
+
+T = TypeVar("T")
+
+
+async def drive(
+    program: Op[T], send: Callable[[Call[Any]], Awaitable[Any]],
+    alive: Callable[[], bool] | None = None,
+) -> T | None:
+    """Run a program: make its calls with `send`, sleep its sleeps. Returns None
+    (without making another call) once `alive()` turns false."""
+    try:
+        step = next(program)
+        while True:
+            if isinstance(step, Sleep):
+                await asyncio.sleep(step.seconds)
+                step = program.send(None)
+                continue
+            if alive is not None and not alive():
+                return None
+            failure: FencepostError | None = None
+            try:
+                value = await send(step)
+            except FencepostError as error:
+                failure = error
+            step = program.throw(failure) if failure is not None else program.send(value)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    finally:
+        program.close()
+
+
+class AsyncClient(Methods, AsyncRunner):
+    """The asyncio fencepost client.
+
+    `url` and `api_key` default to `FENCEPOST_URL` / `FENCEPOST_API_KEY` (and the
+    URL to `http://127.0.0.1:7440`). `timeout` is the per-request read timeout in
+    seconds (a waiting acquire adds its wait). `retries` sets how transport
+    failures, 5xx and quota refusals are retried. `transport` is passed to httpx
+    (for proxies, custom TLS, or tests). Use it with `async with` or call
+    `aclose()`.
+
+    Every API call is a coroutine method (`acquire_lock`, `get_lock`, `set_pool`,
+    `create_key`, ...; see `fencepost.client.Methods`); `lock()` and `slot()` are
+    the ways to hold a lock or slot safely.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float | None = None,
+        retries: Retries | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.settings = Settings.resolve(url, api_key, timeout, retries)
+        self._http = httpx.AsyncClient(transport=transport, **self.settings.client_options())
+
+    @property
+    def url(self) -> str:
+        """The server's base URL."""
+        return self.settings.url
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connections."""
+        await self._http.aclose()
+
+    async def _run(self, program: Op[T]) -> T:
+        return await drive(program, self._send)  # type: ignore[return-value]
+
+    async def _send(self, call: Call[T]) -> T:
+        if not call.retry or self.settings.retries.attempts <= 1:
+            return await self._attempt(call)
+        wait_s = call.wait.remaining_s(time.monotonic()) if call.wait else 0.0
+        retrying = AsyncRetrying(**tenacity_options(self.settings.retries, call, wait_s))
+        return await retrying(self._attempt, call)
+
+    async def _attempt(self, call: Call[T]) -> T:
+        now = time.monotonic()
+        try:
+            response = await self._http.request(
+                call.method, call.path, json=call.body_at(now), params=call.params,
+                headers=call.all_headers(), timeout=self.settings.timeout_for(call, now),
+            )
+        except httpx.HTTPError as exc:
+            raise transport_error(exc, self.url) from exc
+        reply = reply_of(response)
+        raise_for_status(reply)
+        return call.decode(reply)
+
+    def lock(
+        self,
+        key: str,
+        *,
+        ttl: int = 60,
+        wait: float = 0,
+        operation: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        on_expiry: OnExpiry = "release",
+        renew_every: float | None = None,
+        on_lost: Callable[[AsyncLockHold], Any] | None = None,
+        cancel_on_loss: bool = False,
+        raise_on_loss: bool = True,
+        token: str | None = None,
+    ) -> AsyncLockHold:
+        """Hold lock `key` for an `async with` block.
+
+        Acquires it for `ttl` seconds (waiting up to `wait` seconds; 0 fails fast
+        with `LockHeld`), renews it every `renew_every` seconds (a third of the TTL
+        by default) while the block runs, and releases it when the block exits,
+        also on an exception or cancellation. The block gets the hold, with
+        `fencing_token`, `expires_at`, `lost`, `lost_event` and `check()`.
+
+        When a renewal is refused (`lease_lost`, `lease_expired`) or no renewal
+        gets through before the lease runs out, the lease is lost: `lost` turns
+        True, `lost_event` is set, `on_lost(hold)` is called (it may be async),
+        and with `cancel_on_loss=True` the block is cancelled and `LeaseLost` is
+        raised from it. A block that ends normally after its lease was lost
+        raises `LeaseLost` on exit unless `raise_on_loss=False`.
+        """
+        return AsyncLockHold(
+            self, key, ttl=ttl, wait=wait, operation=operation, metadata=metadata,
+            on_expiry=on_expiry, renew_every=renew_every, token=token, on_lost=on_lost,
+            raise_on_loss=raise_on_loss, cancel_on_loss=cancel_on_loss,
+        )
+
+    def slot(
+        self,
+        pool: str,
+        *,
+        wait: float = 0,
+        no_queue: bool = False,
+        on_lost: Callable[[AsyncSlotHold], Any] | None = None,
+        cancel_on_loss: bool = False,
+        raise_on_loss: bool = True,
+    ) -> AsyncSlotHold:
+        """Hold a slot of `pool` for an `async with` block: waits up to `wait`
+        seconds for one (0 fails fast with `TooManyRequests`), renews it at the
+        pool's interval, and releases it on exit with the outcome given to
+        `hold.report(...)`. Loss works as for `lock()` (a slot is lost when it is
+        reclaimed, deleted, or reaches its request deadline)."""
+        return AsyncSlotHold(
+            self, pool, wait=wait, no_queue=no_queue, on_lost=on_lost,
+            raise_on_loss=raise_on_loss, cancel_on_loss=cancel_on_loss,
+        )
+
+
+class _AsyncHold(Holding):
+    """The asyncio choreography of a hold: acquire, keep alive in a task, and on
+    exit stop the keeper before releasing."""
+
+    _client: AsyncClient
+    _cancel_on_loss: bool
+
+    def _hold_init(self, client: AsyncClient, cancel_on_loss: bool) -> None:
+        self._client = client
+        self._cancel_on_loss = cancel_on_loss
+        self._keeper: asyncio.Task[None] | None = None
+        self._owner: asyncio.Task[Any] | None = None
+        self._exiting = False
+        self._cancelled_owner = False
+        self._lost_event: asyncio.Event | None = None
+
+
+    @property
+    def lost_event(self) -> asyncio.Event:
+        """Set when the lease is lost; `await hold.lost_event.wait()`."""
+        if self._lost_event is None:
+            self._lost_event = asyncio.Event()
+        return self._lost_event
+
+    async def __aenter__(self) -> Any:
+        self._owner = asyncio.current_task()
+        self.lost_event  # noqa: B018 - create the event on the running loop
+        sent = time.monotonic()
+        try:
+            result = await self._client._run(self._acquire_op())
+        except BaseException as error:
+            if self._release_after_failed_acquire() and _maybe_granted(error):
+                await self._release_quietly()
+            raise
+        terms = self._make_terms(result, sent, time.monotonic())
+        self._held = True
+        self._keeper = asyncio.create_task(self._keep(terms), name=f"fencepost-keep-{self._what}")
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._exiting = True  # from here on a loss never cancels the owner
+        finishing = asyncio.ensure_future(self._finish())
+        try:
+            await asyncio.shield(finishing)  # cancelled or not, the release goes on
+        finally:
+            self._held = False
+            uncancelled = self._take_back_cancellation()
+        external_cancel = self._owner is not None and self._owner.cancelling() > 0
+        if uncancelled and isinstance(exc, asyncio.CancelledError) and not external_cancel:
+            raise self.lost_error() from None
+        if self._should_raise_on_exit(exc is not None):
+            raise self.lost_error()
+
+    async def _finish(self) -> None:
+        if self._keeper is not None:
+            self._keeper.cancel()
+            await asyncio.wait([self._keeper])
+        await self._release_quietly()
+
+    def _take_back_cancellation(self) -> bool:
+        if self._cancelled_owner and self._owner is not None:
+            self._cancelled_owner = False
+            self._owner.uncancel()
+            return True
+        return False
+
+    async def _release_quietly(self) -> None:
+        try:
+            await self._client._run(self._release_op())
+        except FencepostError as error:
+            report_failure(self._what, error)
+
+    async def _keep(self, terms: Terms) -> None:
+        owner = self._owner
+        program = keep_alive(terms, timeout=self._client.settings.timeout)
+        loss = await drive(
+            program, self._client._send, alive=lambda: owner is None or not owner.done()
+        )
+        if loss is None or self._exiting or not self._record_loss(loss):
+            return
+        self.lost_event.set()
+        if self._cancel_on_loss and owner is not None and not owner.done():
+            self._cancelled_owner = True
+            owner.cancel(f"fencepost: the {self._what} was lost ({loss.reason})")
+        if self._on_lost is not None:
+            try:
+                outcome = self._on_lost(self)
+                if inspect.isawaitable(outcome):
+                    await outcome
+            except Exception:  # noqa: BLE001 - a callback's failure must not hide the loss
+                log.exception("fencepost: the on_lost callback failed")
+
+
+def _maybe_granted(error: BaseException) -> bool:
+    """Whether a failed acquire may nevertheless have been granted (its answer was
+    lost, or the caller stopped waiting for it)."""
+    return isinstance(error, asyncio.CancelledError | TransportError | UnexpectedResponse) or (
+        isinstance(error, FencepostError) and error.http_status >= 500
+    )
+
+
+class AsyncLockHold(LockFacts, _AsyncHold):
+    """A lock held by `async with client.lock(...)`; see `AsyncClient.lock`."""
+
+    def __init__(self, client: AsyncClient, key: str, *, cancel_on_loss: bool,
+                 **options: Any) -> None:
+        LockFacts.__init__(self, key, **options)
+        self._hold_init(client, cancel_on_loss)
+
+
+class AsyncSlotHold(SlotFacts, _AsyncHold):
+    """A pool slot held by `async with client.slot(...)`; see `AsyncClient.slot`."""
+
+    def __init__(self, client: AsyncClient, pool: str, *, cancel_on_loss: bool,
+                 **options: Any) -> None:
+        SlotFacts.__init__(self, pool, **options)
+        self._hold_init(client, cancel_on_loss)

@@ -1,0 +1,256 @@
+"""What a held lock or slot knows, shared by the async and sync context managers.
+
+The context managers (`AsyncLockHold`, `LockHold`, ...) add only the I/O: how the
+acquire runs, where the keeper runs (a task or a thread), and how exit stops it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any
+
+import httpx
+
+from fencepost.client.keeper import LockTerms, Loss, SlotTerms, Terms
+from fencepost.client.models import Lease, OnExpiry, SlotGrant
+from fencepost.client.operations import Op, acquire_lock, acquire_slot, release_lock, release_slot
+from fencepost.client.outcome import Outcome, merge_outcome, outcome_from_response
+from fencepost.client.wire import name_segment, new_token
+from fencepost.errors import FencepostError, LeaseLost
+
+log = logging.getLogger("fencepost.client")
+
+
+class Holding:
+    """State common to every hold: whether (and why) the lease was lost."""
+
+    _what: str = "lease"
+
+    def __init__(self, on_lost: Callable[[Any], Any] | None, raise_on_loss: bool) -> None:
+        self._on_lost = on_lost
+        self._raise_on_loss = raise_on_loss
+        self._loss: Loss | None = None
+        self._held = False
+
+    @property
+    def lost(self) -> bool:
+        """True once the lease can no longer be trusted (stop work that needs it)."""
+        return self._loss is not None
+
+    @property
+    def loss(self) -> Loss | None:
+        """Why the lease was lost (`Loss.reason`, `Loss.error`), or None."""
+        return self._loss
+
+    @property
+    def held(self) -> bool:
+        """True between a successful acquire and the end of the block."""
+        return self._held
+
+    def check(self) -> None:
+        """Raise `LeaseLost` if the lease was lost; call it between steps of work
+        that must not run without the lease."""
+        if self._loss is not None:
+            raise self.lost_error()
+
+    def lost_error(self) -> LeaseLost:
+        """The `LeaseLost` describing this loss (reason and the server's error)."""
+        loss = self._loss
+        reason = loss.reason if loss is not None else None
+        message = f"The {self._what} was lost ({reason or 'unknown reason'})."
+        error = LeaseLost(message, reason=reason)
+        if loss is not None and loss.error is not None:
+            error.request_id = loss.error.request_id
+            error.__cause__ = loss.error
+        return error
+
+    def _record_loss(self, loss: Loss) -> bool:
+        """Remember the first loss; False if one was already recorded."""
+        if self._loss is not None:
+            return False
+        self._loss = loss
+        log.warning("fencepost: %s lost (%s)", self._what, loss.reason)
+        return True
+
+    def _should_raise_on_exit(self, had_error: bool) -> bool:
+        return self._loss is not None and self._raise_on_loss and not had_error
+
+    # What to acquire, how to time its renewals and how to release it; provided by
+    # LockFacts and SlotFacts, used by the async and sync context managers.
+    def _acquire_op(self) -> Op[Any]:
+        raise NotImplementedError
+
+    def _make_terms(self, result: Any, sent: float, answered: float) -> Terms:
+        raise NotImplementedError
+
+    def _release_op(self) -> Op[bool]:
+        raise NotImplementedError
+
+    def _release_after_failed_acquire(self) -> bool:
+        raise NotImplementedError
+
+
+class LockFacts(Holding):
+    """A lock held by a `with client.lock(...)` block: its key, fencing token and
+    expiry. Pass `fencing_token` to whatever the lock protects."""
+
+    _what = "lock lease"
+
+    def __init__(
+        self,
+        key: str,
+        *,
+        ttl: int,
+        wait: float,
+        operation: str | None,
+        metadata: Mapping[str, Any] | None,
+        on_expiry: OnExpiry,
+        renew_every: float | None,
+        token: str | None,
+        on_lost: Callable[[Any], Any] | None,
+        raise_on_loss: bool,
+    ) -> None:
+        super().__init__(on_lost, raise_on_loss)
+        self.key = name_segment(key, "key")
+        self.token = token or new_token()
+        self._ttl = ttl
+        self._wait = wait
+        self._operation = operation
+        self._metadata = metadata
+        self._on_expiry: OnExpiry = on_expiry
+        self._renew_every = renew_every
+        self._terms: LockTerms | None = None
+
+    @property
+    def lease(self) -> Lease:
+        """The grant as the server answered it."""
+        return self._require().lease
+
+    @property
+    def fencing_token(self) -> int:
+        """The fencing token of this lease; pass it with every write you protect."""
+        return self._require().lease.fencing_token
+
+    @property
+    def expires_at(self) -> datetime:
+        """When the lease expires unless renewed (updated by every renewal)."""
+        return self._require().expires_at
+
+    @property
+    def deadline_at(self) -> datetime:
+        """The absolute end of the lease (90 days after acquisition)."""
+        return self._require().lease.deadline_at
+
+    def _require(self) -> LockTerms:
+        if self._terms is None:
+            raise RuntimeError("The lock is not acquired yet; use it inside its `with` block.")
+        return self._terms
+
+    def _acquire_op(self) -> Op[Lease]:
+        return acquire_lock(
+            self.key, ttl=self._ttl, wait=self._wait, operation=self._operation,
+            metadata=self._metadata, on_expiry=self._on_expiry, token=self.token,
+        )
+
+    def _make_terms(self, lease: Lease, sent: float, answered: float) -> LockTerms:
+        self._terms = LockTerms(lease, self._ttl, sent, answered, self._renew_every)
+        return self._terms
+
+    def _release_op(self) -> Op[bool]:
+        return release_lock(self.key, self.token)
+
+    def _release_after_failed_acquire(self) -> bool:
+        # The acquire may have been granted with an answer that never arrived; the
+        # token is ours, so releasing it is always safe.
+        return True
+
+
+class SlotFacts(Holding):
+    """A pool slot held by a `with client.slot(...)` block. Call `report()` with
+    the upstream's answer so the release tells the pool how the work went."""
+
+    _what = "pool slot"
+
+    def __init__(
+        self,
+        pool: str,
+        *,
+        wait: float,
+        no_queue: bool,
+        on_lost: Callable[[Any], Any] | None,
+        raise_on_loss: bool,
+    ) -> None:
+        super().__init__(on_lost, raise_on_loss)
+        self.pool = name_segment(pool, "pool")
+        self._wait = wait
+        self._no_queue = no_queue
+        self._terms: SlotTerms | None = None
+        self._grant: SlotGrant | None = None
+        self.outcome: Outcome | None = None
+        """The outcome sent with the release (set by `report()`)."""
+
+    @property
+    def grant(self) -> SlotGrant:
+        """The admission as the server answered it."""
+        if self._grant is None:
+            raise RuntimeError("The slot is not acquired yet; use it inside its `with` block.")
+        return self._grant
+
+    @property
+    def slot_id(self) -> str:
+        """This slot's ID (a capability: keep it private)."""
+        return self.grant.slot_id
+
+    @property
+    def lease_deadline(self) -> int:
+        """When the slot lapses unless renewed, epoch milliseconds (server clock)."""
+        if self._terms is None:
+            return self.grant.lease_deadline
+        return self._terms.lease_deadline
+
+    @property
+    def request_deadline(self) -> int:
+        """The absolute end of the slot, epoch milliseconds (server clock)."""
+        return self.grant.request_deadline
+
+    def report(
+        self,
+        response: httpx.Response | None = None,
+        *,
+        status: int | None = None,
+        headers: Mapping[str, str] | None = None,
+        throttled: int | None = None,
+        retry_after_ms: int | None = None,
+        rate: Mapping[str, int] | None = None,
+    ) -> Outcome:
+        """Record the upstream outcome to send with the release (SPEC §4.4): pass
+        the upstream `httpx.Response`, or `status` and `headers` yourself. Later
+        reports win; each 429 reported counts one throttle. Only rate-limit
+        headers are kept."""
+        if response is not None:
+            self.outcome = outcome_from_response(response, previous=self.outcome)
+        self.outcome = merge_outcome(
+            self.outcome, status=status, headers=headers, throttled=throttled,
+            retry_after_ms=retry_after_ms, rate=rate,
+        )
+        return self.outcome
+
+    def _acquire_op(self) -> Op[SlotGrant]:
+        return acquire_slot(self.pool, wait=self._wait, no_queue=self._no_queue)
+
+    def _make_terms(self, grant: SlotGrant, sent: float, answered: float) -> SlotTerms:
+        self._grant = grant
+        self._terms = SlotTerms(grant, sent, answered)
+        return self._terms
+
+    def _release_op(self) -> Op[bool]:
+        return release_slot(self.pool, self.grant.slot_id, self.outcome)
+
+    def _release_after_failed_acquire(self) -> bool:
+        return False  # without the answer there is no slot ID; the pool reclaims it
+
+
+def report_failure(what: str, error: FencepostError) -> None:
+    log.warning("fencepost: could not release the %s: %s", what, error.message)

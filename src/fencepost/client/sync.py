@@ -1,0 +1,249 @@
+"""`Client`: the blocking client, and its `lock()` / `slot()` context managers.
+
+It runs the same programs as `AsyncClient` (see `methods.py`, `operations.py`,
+`keeper.py`); only the moving of bytes and the keeper's home (a thread) differ.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import Any, TypeVar
+
+import httpx
+from tenacity import Retrying
+
+from fencepost.client.holding import Holding, LockFacts, SlotFacts, log, report_failure
+from fencepost.client.keeper import Terms, keep_alive
+from fencepost.client.methods import Methods, SyncRunner
+from fencepost.client.models import OnExpiry
+from fencepost.client.operations import Op
+from fencepost.client.retrying import Retries, tenacity_options
+from fencepost.client.transport import Settings, reply_of, transport_error
+from fencepost.client.wire import Call, Sleep, raise_for_status
+from fencepost.errors import FencepostError, TransportError, UnexpectedResponse
+
+T = TypeVar("T")
+
+
+def drive(
+    program: Op[T], send: Callable[[Call[Any]], Any], stop: threading.Event | None = None,
+    alive: Callable[[], bool] | None = None,
+) -> T | None:
+    """Run a program: make its calls with `send`, sleep its sleeps. Returns None
+    (without making another call) once `stop` is set or `alive()` turns false."""
+    try:
+        step = next(program)
+        while True:
+            if isinstance(step, Sleep):
+                if stop is not None:
+                    if stop.wait(step.seconds):
+                        return None
+                else:
+                    time.sleep(step.seconds)
+                step = program.send(None)
+                continue
+            if (stop is not None and stop.is_set()) or (alive is not None and not alive()):
+                return None
+            failure: FencepostError | None = None
+            try:
+                value = send(step)
+            except FencepostError as error:
+                failure = error
+            step = program.throw(failure) if failure is not None else program.send(value)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    finally:
+        program.close()
+
+
+class Client(Methods, SyncRunner):
+    """The blocking fencepost client: the same methods as `AsyncClient`, without
+    `await`. Safe to share between threads. Use it with `with` or call `close()`.
+
+    `url` and `api_key` default to `FENCEPOST_URL` / `FENCEPOST_API_KEY` (and the
+    URL to `http://127.0.0.1:7440`); see `AsyncClient` for the other options.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float | None = None,
+        retries: Retries | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.settings = Settings.resolve(url, api_key, timeout, retries)
+        self._http = httpx.Client(transport=transport, **self.settings.client_options())
+
+    @property
+    def url(self) -> str:
+        """The server's base URL."""
+        return self.settings.url
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connections."""
+        self._http.close()
+
+    def _run(self, program: Op[T]) -> T:
+        return drive(program, self._send)  # type: ignore[return-value]
+
+    def _send(self, call: Call[T]) -> T:
+        if not call.retry or self.settings.retries.attempts <= 1:
+            return self._attempt(call)
+        wait_s = call.wait.remaining_s(time.monotonic()) if call.wait else 0.0
+        retrying = Retrying(**tenacity_options(self.settings.retries, call, wait_s))
+        result: T = retrying(self._attempt, call)
+        return result
+
+    def _attempt(self, call: Call[T]) -> T:
+        now = time.monotonic()
+        try:
+            response = self._http.request(
+                call.method, call.path, json=call.body_at(now), params=call.params,
+                headers=call.all_headers(), timeout=self.settings.timeout_for(call, now),
+            )
+        except httpx.HTTPError as exc:
+            raise transport_error(exc, self.url) from exc
+        reply = reply_of(response)
+        raise_for_status(reply)
+        return call.decode(reply)
+
+    def lock(
+        self,
+        key: str,
+        *,
+        ttl: int = 60,
+        wait: float = 0,
+        operation: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        on_expiry: OnExpiry = "release",
+        renew_every: float | None = None,
+        on_lost: Callable[[LockHold], Any] | None = None,
+        raise_on_loss: bool = True,
+        token: str | None = None,
+    ) -> LockHold:
+        """Hold lock `key` for a `with` block: acquire (waiting up to `wait`
+        seconds), renew in a background thread every `renew_every` seconds (a
+        third of `ttl` by default), release on exit (also on an exception).
+
+        A lost lease sets `hold.lost` and `hold.lost_event` and calls
+        `on_lost(hold)` from the renewal thread; a thread cannot be interrupted,
+        so call `hold.check()` between steps of work. A block that ends normally
+        after its lease was lost raises `LeaseLost` unless `raise_on_loss=False`.
+        See `AsyncClient.lock` for the rest."""
+        return LockHold(
+            self, key, ttl=ttl, wait=wait, operation=operation, metadata=metadata,
+            on_expiry=on_expiry, renew_every=renew_every, token=token, on_lost=on_lost,
+            raise_on_loss=raise_on_loss,
+        )
+
+    def slot(
+        self,
+        pool: str,
+        *,
+        wait: float = 0,
+        no_queue: bool = False,
+        on_lost: Callable[[SlotHold], Any] | None = None,
+        raise_on_loss: bool = True,
+    ) -> SlotHold:
+        """Hold a slot of `pool` for a `with` block; see `AsyncClient.slot`."""
+        return SlotHold(self, pool, wait=wait, no_queue=no_queue, on_lost=on_lost,
+                        raise_on_loss=raise_on_loss)
+
+
+class _SyncHold(Holding):
+    """The threaded choreography of a hold: acquire, keep alive in a daemon
+    thread, and on exit stop the thread before releasing."""
+
+    _client: Client
+
+    def _hold_init(self, client: Client) -> None:
+        self._client = client
+        self._stop = threading.Event()
+        self.lost_event = threading.Event()
+        """Set when the lease is lost."""
+        self._keeper: threading.Thread | None = None
+
+
+    def __enter__(self) -> Any:
+        sent = time.monotonic()
+        try:
+            result = self._client._run(self._acquire_op())
+        except BaseException as error:
+            if self._release_after_failed_acquire() and _maybe_granted(error):
+                self._release_quietly()
+            raise
+        terms = self._make_terms(result, sent, time.monotonic())
+        self._held = True
+        owner = threading.current_thread()
+        self._keeper = threading.Thread(
+            target=self._keep, args=(terms, owner), name=f"fencepost-keep-{self._what}",
+            daemon=True,
+        )
+        self._keeper.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop.set()  # from here on, no renewal starts
+        if self._keeper is not None:
+            # A renewal already in flight may still land; the release below ends
+            # the lease either way (a renewal never revives a released lease).
+            self._keeper.join(timeout=self._client.settings.timeout + 1)
+        self._release_quietly()
+        self._held = False
+        if self._should_raise_on_exit(exc is not None):
+            raise self.lost_error()
+
+    def _release_quietly(self) -> None:
+        try:
+            self._client._run(self._release_op())
+        except FencepostError as error:
+            report_failure(self._what, error)
+
+    def _keep(self, terms: Terms, owner: threading.Thread) -> None:
+        program = keep_alive(terms, timeout=self._client.settings.timeout)
+        loss = drive(program, self._client._send, stop=self._stop, alive=owner.is_alive)
+        if loss is None or self._stop.is_set() or not self._record_loss(loss):
+            return
+        self.lost_event.set()
+        if self._on_lost is not None:
+            try:
+                self._on_lost(self)
+            except Exception:  # noqa: BLE001 - a callback's failure must not hide the loss
+                log.exception("fencepost: the on_lost callback failed")
+
+
+def _maybe_granted(error: BaseException) -> bool:
+    """Whether a failed acquire may nevertheless have been granted."""
+    return isinstance(error, KeyboardInterrupt | TransportError | UnexpectedResponse) or (
+        isinstance(error, FencepostError) and error.http_status >= 500
+    )
+
+
+class LockHold(LockFacts, _SyncHold):
+    """A lock held by `with client.lock(...)`; see `Client.lock`."""
+
+    def __init__(self, client: Client, key: str, **options: Any) -> None:
+        LockFacts.__init__(self, key, **options)
+        self._hold_init(client)
+
+
+class SlotHold(SlotFacts, _SyncHold):
+    """A pool slot held by `with client.slot(...)`; see `Client.slot`."""
+
+    def __init__(self, client: Client, pool: str, **options: Any) -> None:
+        SlotFacts.__init__(self, pool, **options)
+        self._hold_init(client)

@@ -1,0 +1,93 @@
+"""The httpx edge shared by both clients: configuration, timeouts, and turning
+httpx's failures into the fencepost error tree."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from fencepost import __version__
+from fencepost.client.retrying import Retries
+from fencepost.client.wire import Call, Reply
+from fencepost.errors import TransportError
+
+DEFAULT_URL = "http://127.0.0.1:7440"
+DEFAULT_TIMEOUT_S = 10.0
+CONNECT_TIMEOUT_S = 5.0
+USER_AGENT = f"fencepost-python/{__version__}"
+
+# Failures before any byte of the request could have reached the server.
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Where the server is and how to talk to it. Arguments win over the
+    environment (`FENCEPOST_URL`, `FENCEPOST_API_KEY`); the URL defaults to
+    `http://127.0.0.1:7440`."""
+
+    url: str = DEFAULT_URL
+    api_key: str | None = None
+    timeout: float = DEFAULT_TIMEOUT_S
+    retries: Retries = field(default_factory=Retries)
+
+    @classmethod
+    def resolve(
+        cls,
+        url: str | None = None,
+        api_key: str | None = None,
+        timeout: float | None = None,
+        retries: Retries | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> Settings:
+        env = os.environ if env is None else env
+        chosen_url = (url or env.get("FENCEPOST_URL") or DEFAULT_URL).strip().rstrip("/")
+        check_url(chosen_url)
+        return cls(
+            url=chosen_url,
+            api_key=api_key or env.get("FENCEPOST_API_KEY") or None,
+            timeout=DEFAULT_TIMEOUT_S if timeout is None else float(timeout),
+            retries=retries or Retries(),
+        )
+
+    def client_options(self) -> dict[str, Any]:
+        """Keyword arguments for `httpx.Client` / `httpx.AsyncClient`."""
+        headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        return {"base_url": self.url, "headers": headers, "timeout": self.timeout,
+                "follow_redirects": False}
+
+    def timeout_for(self, call: Call[Any], now: float) -> httpx.Timeout:
+        read = call.read_timeout(self.timeout, now)
+        return httpx.Timeout(read, connect=min(CONNECT_TIMEOUT_S, read))
+
+
+def check_url(url: str) -> None:
+    """Refuse a server URL that is not http(s)://host[:port][/path]."""
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError, ValueError) as exc:
+        raise ValueError(f"{url!r} is not a valid server URL: {exc}") from None
+    if parsed.scheme not in {"http", "https"} or not parsed.host:
+        raise ValueError(f"{url!r} is not a valid server URL (want http://host:port).")
+
+
+def transport_error(exc: httpx.HTTPError, url: str) -> TransportError:
+    """An httpx failure as a fencepost `TransportError`."""
+    maybe_sent = not isinstance(exc, _NOT_SENT)
+    kind = type(exc).__name__
+    detail = str(exc) or kind
+    if isinstance(exc, httpx.TimeoutException):
+        message = f"No answer from {url} in time ({kind})."
+    else:
+        message = f"Cannot reach {url}: {detail}."
+    return TransportError(message, maybe_sent=maybe_sent)
+
+
+def reply_of(response: httpx.Response) -> Reply:
+    return Reply(response.status_code, response.headers, response.content)

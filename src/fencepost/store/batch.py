@@ -1,0 +1,240 @@
+"""Group commit: one writer thread per store, many operations per transaction.
+
+Requests submit small functions; the writer thread runs every function that is
+waiting in one transaction, each inside its own savepoint so one failing
+operation does not undo the others, and answers them all only after the
+commit. One commit (and one fsync) then serves a whole batch, which is what
+keeps a durable store fast under load (the idea behind PostgreSQL's and etcd's
+group commit).
+
+The database specifics live in an Engine: how to connect, how a batch
+transaction begins (SQLite: BEGIN IMMEDIATE; PostgreSQL: BEGIN plus one
+advisory lock that serialises the batches of every replica), which clock
+judges expiry, and how other replicas hear about freed locks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import sys
+import threading
+import traceback
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Generic, Protocol, TypeVar
+
+from fencepost.errors import StoreUnavailable
+
+T = TypeVar("T")
+MAX_BATCH = 512
+
+
+class Cursor(Protocol):
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+
+class Engine(Protocol):
+    """What the batch writer needs from a database."""
+
+    # The driver's errors; those `fatal` says so fail the whole batch (503),
+    # others (a constraint, a bad statement) fail only their operation.
+    errors: tuple[type[BaseException], ...]
+
+    def fatal(self, exc: BaseException) -> bool: ...
+
+    def connect(self) -> Any: ...
+
+    def begin(self, conn: Any) -> Callable[[], int]:
+        """Start the batch transaction; return the clock (epoch ms) for its operations."""
+
+    def execute(self, conn: Any, sql: str, params: tuple[Any, ...]) -> Cursor: ...
+
+    def before_commit(self, conn: Any, events: list[Any]) -> None:
+        """Last statements of a batch, e.g. notifying other replicas."""
+
+    def broken(self, conn: Any) -> bool:
+        """True when the connection cannot be used again."""
+
+
+@dataclass(slots=True)
+class Tx:
+    """What one operation sees: a way to run SQL, the store's clock reading, and
+    events to publish once the batch has committed. SQL uses `?` placeholders."""
+
+    engine: Engine
+    conn: Any
+    now_ms: int
+    events: list[Any] = field(default_factory=list)
+
+    def execute(self, sql: str, params: tuple[Any, ...] = ()) -> Cursor:
+        return self.engine.execute(self.conn, sql, params)
+
+
+@dataclass(slots=True)
+class _Job(Generic[T]):
+    fn: Callable[[Tx], T]
+    future: asyncio.Future[T]
+    loop: asyncio.AbstractEventLoop
+
+
+_STOP = object()
+# After a failed connection attempt, batches fail at once for this long instead
+# of each waiting for a connect timeout: callers get a fast 503.
+RECONNECT_BACKOFF_S = 0.5
+
+
+class BatchWriter:
+    def __init__(
+        self, engine: Engine, publish: Callable[[list[Any]], None], name: str = "writer"
+    ) -> None:
+        self._engine = engine
+        self._publish = publish
+        self._name = name
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._conn: Any = None
+        self._next_connect = 0.0
+
+    def start(self) -> None:
+        self._conn = self._engine.connect()  # fail here, in the caller, if unreachable
+        self._thread = threading.Thread(
+            target=self._run, name=f"fencepost-{self._name}", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._queue.put(_STOP)
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    async def run(self, fn: Callable[[Tx], T]) -> T:
+        if self._thread is None:
+            raise StoreUnavailable("The store is closed.")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._queue.put(_Job(fn, future, loop))
+        return await future
+
+    def _run(self) -> None:
+        try:
+            while True:
+                first = self._queue.get()
+                if first is _STOP:
+                    return
+                batch = [first]
+                stopping = False
+                while len(batch) < MAX_BATCH:
+                    try:
+                        item = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if item is _STOP:
+                        stopping = True
+                        break
+                    batch.append(item)
+                self._run_batch(batch)
+                if stopping:
+                    return
+        finally:
+            self._close()
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except Exception:  # noqa: BLE001 - closing a broken connection
+                pass
+            self._conn = None
+
+    def _connection(self) -> Any:
+        if self._conn is None:
+            if time.monotonic() < self._next_connect:
+                raise StoreUnavailable("The store is unreachable; retrying shortly.")
+            try:
+                self._conn = self._engine.connect()
+            except self._engine.errors as exc:
+                self._next_connect = time.monotonic() + RECONNECT_BACKOFF_S
+                raise StoreUnavailable(f"The store is unreachable: {exc}.") from exc
+        return self._conn
+
+    def _run_batch(self, batch: list[_Job[Any]]) -> None:
+        outcomes: list[tuple[_Job[Any], Any, BaseException | None]] = []
+        events: list[Any] = []
+        try:
+            conn = self._connection()
+            clock = self._engine.begin(conn)
+            for job in batch:
+                tx = Tx(self._engine, conn, clock())
+                self._engine.execute(conn, "SAVEPOINT op", ())
+                try:
+                    result = job.fn(tx)
+                except Exception as exc:  # noqa: BLE001 - delivered to the caller
+                    if isinstance(exc, self._engine.errors) and self._engine.fatal(exc):
+                        raise  # the connection or transaction failed: the whole batch fails
+                    self._engine.execute(conn, "ROLLBACK TO SAVEPOINT op", ())
+                    self._engine.execute(conn, "RELEASE SAVEPOINT op", ())
+                    outcomes.append((job, None, exc))
+                else:
+                    self._engine.execute(conn, "RELEASE SAVEPOINT op", ())
+                    outcomes.append((job, result, None))
+                    events.extend(tx.events)
+            self._engine.before_commit(conn, events)
+            self._engine.execute(conn, "COMMIT", ())
+        except Exception as exc:  # noqa: BLE001 - the writer thread must survive anything
+            # Nothing of this batch is durable: fail every caller in it.
+            if not isinstance(exc, (StoreUnavailable, *self._engine.errors)):
+                traceback.print_exc(file=sys.stderr)
+            self._abandon()
+            failure = exc if isinstance(exc, StoreUnavailable) else StoreUnavailable(
+                f"The store failed: {exc}."
+            )
+            outcomes = [(job, None, failure) for job in batch]
+            events = []
+        self._deliver(outcomes, events)
+
+    def _abandon(self) -> None:
+        conn = self._conn
+        if conn is None:
+            return
+        try:
+            self._engine.execute(conn, "ROLLBACK", ())
+        except Exception:  # noqa: BLE001 - the connection may be gone
+            pass
+        if self._engine.broken(conn):
+            self._close()
+
+    def _deliver(
+        self, outcomes: list[tuple[_Job[Any], Any, BaseException | None]], events: list[Any]
+    ) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Job[Any], Any, Any]]] = {}
+        for outcome in outcomes:
+            by_loop.setdefault(outcome[0].loop, []).append(outcome)
+        for loop, done in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_settle, done, events, self._publish)
+            except RuntimeError:
+                pass  # that loop is closed; nobody is waiting any more
+            events = []  # publish each event once, on the first loop
+
+
+def _settle(
+    done: list[tuple[_Job[Any], Any, BaseException | None]],
+    events: list[Any],
+    publish: Callable[[list[Any]], None],
+) -> None:
+    for job, result, exc in done:
+        if job.future.done():
+            continue
+        if exc is None:
+            job.future.set_result(result)
+        else:
+            job.future.set_exception(exc)
+    if events:
+        publish(events)

@@ -1,0 +1,120 @@
+"""Project and API key statements (portable SQL, `?` placeholders)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from typing import Any
+
+from fencepost.core.keys import Role, hash_secret, new_key_id, new_secret, same_hash
+from fencepost.errors import Conflict
+from fencepost.store.base import KeyRecord, NewKey
+from fencepost.store.batch import Tx
+
+_KEY_COLUMNS = (
+    "id, project, role, name, secret_hash, created_ms, expires_ms, allow_ips, rpm_quota, revoked_ms"
+)
+
+
+def _key_record(row: Any) -> KeyRecord:
+    return KeyRecord(
+        id=row[0],
+        project=row[1],
+        role=Role.parse(row[2]),
+        name=row[3],
+        secret_hash=row[4],
+        created_ms=row[5],
+        expires_ms=row[6],
+        allow_ips=list(json.loads(row[7])),
+        rpm_quota=row[8],
+        revoked_ms=row[9],
+    )
+
+
+def load_pepper(tx: Tx) -> str:
+    """The store-wide key for secret hashes, created by whichever server starts first."""
+    tx.execute(
+        "INSERT INTO meta (name, value) VALUES ('key_pepper', ?) ON CONFLICT (name) DO NOTHING",
+        (secrets.token_hex(32),),
+    )
+    row = tx.execute("SELECT value FROM meta WHERE name = 'key_pepper'").fetchone()
+    return str(row[0])
+
+
+def insert_key(tx: Tx, pepper: bytes, project: str, new: NewKey, secret: str) -> KeyRecord:
+    record = KeyRecord(
+        id=new_key_id(),
+        project=project,
+        role=new.role,
+        name=new.name,
+        secret_hash=hash_secret(secret, pepper),
+        created_ms=tx.now_ms,
+        expires_ms=None if new.expires_in_ms is None else tx.now_ms + new.expires_in_ms,
+        allow_ips=list(new.allow_ips),
+        rpm_quota=new.rpm_quota,
+        revoked_ms=None,
+    )
+    tx.execute(
+        f"INSERT INTO api_keys ({_KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            record.id, record.project, record.role.label, record.name, record.secret_hash,
+            record.created_ms, record.expires_ms, json.dumps(record.allow_ips),
+            record.rpm_quota, None,
+        ),
+    )
+    return record
+
+
+def bootstrap(tx: Tx, pepper: bytes, secret: str | None) -> str | None:
+    # Contract: a store that already has any key is left untouched, so restarts
+    # (and replicas starting together) never mint a second bootstrap key.
+    if tx.execute("SELECT 1 FROM api_keys LIMIT 1").fetchone():
+        return None
+    tx.execute(
+        "INSERT INTO projects (name, created_ms) VALUES ('default', ?) "
+        "ON CONFLICT (name) DO NOTHING",
+        (tx.now_ms,),
+    )
+    chosen = secret or new_secret()
+    insert_key(tx, pepper, "default", NewKey(Role.ADMIN, name="bootstrap"), chosen)
+    return chosen
+
+
+def create_project(tx: Tx, pepper: bytes, name: str) -> str:
+    created = tx.execute(
+        "INSERT INTO projects (name, created_ms) VALUES (?, ?) "
+        "ON CONFLICT (name) DO NOTHING RETURNING name",
+        (name, tx.now_ms),
+    ).fetchone()
+    if created is None:
+        raise Conflict(f"Project {name!r} already exists.")
+    secret = new_secret()
+    insert_key(tx, pepper, name, NewKey(Role.ADMIN, name="first admin"), secret)
+    return secret
+
+
+def list_keys(tx: Tx, project: str) -> list[KeyRecord]:
+    rows = tx.execute(
+        f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE project = ? ORDER BY created_ms, id",
+        (project,),
+    ).fetchall()
+    return [_key_record(row) for row in rows]
+
+
+def revoke_key(tx: Tx, project: str, key_id: str) -> bool:
+    # Contract: scoped by project, so one project can never revoke another's
+    # key; revoking twice keeps the first revocation time.
+    cur = tx.execute(
+        "UPDATE api_keys SET revoked_ms = COALESCE(revoked_ms, ?) WHERE id = ? AND project = ?",
+        (tx.now_ms, key_id, project),
+    )
+    return cur.rowcount > 0
+
+
+def find_key(tx: Tx, secret_hash: str) -> KeyRecord | None:
+    row = tx.execute(
+        f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE secret_hash = ?", (secret_hash,)
+    ).fetchone()
+    if row is None or not same_hash(row[4], secret_hash):
+        return None
+    return _key_record(row)

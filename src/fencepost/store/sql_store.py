@@ -1,0 +1,177 @@
+"""The Store protocol on top of a BatchWriter and the shared SQL statements.
+
+Both backends are this class with a different Engine: the rules, the SQL and
+the transaction boundaries are the same, which is what lets one conformance
+suite hold them to the same behaviour.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fencepost.core.keys import hash_secret, new_secret
+from fencepost.core.leases import AcquireRequest, Lease
+from fencepost.core.slots import PoolConfig, Slot
+from fencepost.store.base import (
+    AcquireResult,
+    ForceReleased,
+    FreedListener,
+    KeyRecord,
+    LockView,
+    NewKey,
+    PoolView,
+    SlotAttempt,
+    SlotReport,
+)
+from fencepost.store.batch import BatchWriter, Engine, Tx
+from fencepost.store.sql import keys, locks, pools
+
+# Why a lease ended is kept this long, so a late renewal learns the reason.
+ENDED_LEASE_MEMORY_MS = 24 * 3_600_000
+_PRUNE_EVERY_MS = 60_000
+
+
+class SqlStore:
+    url_scheme = "sql"
+
+    def __init__(self, engine: Engine) -> None:
+        self._listeners: list[FreedListener] = []
+        self._writer = BatchWriter(engine, self._publish)
+        self._pepper = b""
+        self._last_prune_ms = 0
+
+    # --- lifecycle (backends extend open/close) ----------------------------
+    async def _start(self) -> None:
+        self._writer.start()
+        self._pepper = (await self._writer.run(keys.load_pepper)).encode()
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._writer.stop)
+
+    async def ping(self) -> None:
+        await self._writer.run(lambda tx: tx.execute("SELECT 1").fetchone())
+
+    def add_freed_listener(self, listener: FreedListener) -> None:
+        self._listeners.append(listener)
+
+    def _publish(self, events: list[Any]) -> None:
+        for event in events:
+            for listener in self._listeners:
+                listener(event)
+
+    # --- projects and keys -------------------------------------------------
+    async def bootstrap(self, secret: str | None) -> str | None:
+        return await self._writer.run(lambda tx: keys.bootstrap(tx, self._pepper, secret))
+
+    async def create_project(self, name: str) -> str:
+        return await self._writer.run(lambda tx: keys.create_project(tx, self._pepper, name))
+
+    async def create_key(self, project: str, new: NewKey) -> tuple[KeyRecord, str]:
+        secret = new_secret()
+        record = await self._writer.run(
+            lambda tx: keys.insert_key(tx, self._pepper, project, new, secret)
+        )
+        return record, secret
+
+    async def list_keys(self, project: str) -> list[KeyRecord]:
+        return await self._writer.run(lambda tx: keys.list_keys(tx, project))
+
+    async def revoke_key(self, project: str, key_id: str) -> bool:
+        return await self._writer.run(lambda tx: keys.revoke_key(tx, project, key_id))
+
+    async def find_key(self, secret: str) -> KeyRecord | None:
+        wanted = hash_secret(secret, self._pepper)
+        return await self._writer.run(lambda tx: keys.find_key(tx, wanted))
+
+    # --- locks ---------------------------------------------------------------
+    async def acquire_lock(
+        self, project: str, key: str, request: AcquireRequest, *, wait_alive_ms: int | None
+    ) -> AcquireResult:
+        return await self._writer.run(
+            lambda tx: locks.acquire(tx, project, key, request, wait_alive_ms)
+        )
+
+    async def retry_waiter(
+        self, project: str, key: str, request: AcquireRequest, ticket: int, alive_ms: int
+    ) -> AcquireResult:
+        return await self._writer.run(
+            lambda tx: locks.retry_waiter(tx, project, key, request, ticket, alive_ms)
+        )
+
+    async def leave_line(self, project: str, key: str, ticket: int) -> None:
+        await self._writer.run(lambda tx: locks.leave_line(tx, project, key, ticket))
+
+    async def renew_lock(self, project: str, key: str, lock_token: str, ttl_seconds: int) -> Lease:
+        return await self._writer.run(
+            lambda tx: locks.renew(tx, project, key, lock_token, ttl_seconds)
+        )
+
+    async def release_lock(self, project: str, key: str, lock_token: str) -> bool:
+        return await self._writer.run(lambda tx: locks.release(tx, project, key, lock_token))
+
+    async def force_release(self, project: str, key: str) -> ForceReleased:
+        return await self._writer.run(lambda tx: locks.force_release(tx, project, key))
+
+    async def get_lock(self, project: str, key: str) -> LockView:
+        return await self._writer.run(lambda tx: locks.view(tx, project, key))
+
+    async def list_locks(
+        self, project: str, prefix: str, after: str | None, limit: int
+    ) -> list[LockView]:
+        return await self._writer.run(
+            lambda tx: locks.list_views(tx, project, prefix, after, limit)
+        )
+
+    # --- pools ---------------------------------------------------------------
+    async def put_pool(self, project: str, name: str, config: PoolConfig) -> tuple[PoolView, bool]:
+        return await self._writer.run(lambda tx: pools.put(tx, project, name, config))
+
+    async def get_pool(self, project: str, name: str) -> PoolView | None:
+        return await self._writer.run(lambda tx: pools.view(tx, project, name))
+
+    async def list_pools(
+        self, project: str, prefix: str, after: str | None, limit: int
+    ) -> list[PoolView]:
+        return await self._writer.run(
+            lambda tx: pools.list_views(tx, project, prefix, after, limit)
+        )
+
+    async def delete_pool(self, project: str, name: str) -> bool:
+        return await self._writer.run(lambda tx: pools.delete(tx, project, name))
+
+    async def acquire_slot(
+        self, project: str, pool: str, *, wait_alive_ms: int | None
+    ) -> SlotAttempt:
+        return await self._writer.run(lambda tx: pools.acquire(tx, project, pool, wait_alive_ms))
+
+    async def retry_slot_waiter(
+        self, project: str, pool: str, ticket: int, alive_ms: int
+    ) -> SlotAttempt:
+        return await self._writer.run(
+            lambda tx: pools.retry_waiter(tx, project, pool, ticket, alive_ms)
+        )
+
+    async def leave_slot_line(self, project: str, pool: str, ticket: int) -> None:
+        await self._writer.run(lambda tx: pools.leave_line(tx, project, pool, ticket))
+
+    async def renew_slot(self, project: str, pool: str, slot_id: str) -> Slot:
+        return await self._writer.run(lambda tx: pools.renew(tx, project, pool, slot_id))
+
+    async def release_slot(
+        self, project: str, pool: str, slot_id: str, report: SlotReport | None
+    ) -> bool:
+        return await self._writer.run(
+            lambda tx: pools.release(tx, project, pool, slot_id, report)
+        )
+
+    # --- background ------------------------------------------------------------
+    async def reap(self) -> int:
+        def op(tx: Tx) -> int:
+            forget_before = None
+            if tx.now_ms - self._last_prune_ms >= _PRUNE_EVERY_MS:
+                self._last_prune_ms = tx.now_ms
+                forget_before = tx.now_ms - ENDED_LEASE_MEMORY_MS
+            return locks.reap(tx, forget_before) + pools.reap(tx)
+
+        return await self._writer.run(op)
