@@ -7,7 +7,7 @@ import inspect
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import httpx
 from tenacity import AsyncRetrying
@@ -198,7 +198,7 @@ class _AsyncHold(Holding):
             self._lost_event = asyncio.Event()
         return self._lost_event
 
-    async def __aenter__(self) -> Any:
+    async def __aenter__(self) -> Self:
         self._owner = asyncio.current_task()
         self.lost_event  # noqa: B018 - create the event on the running loop
         sent = time.monotonic()

@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import httpx
 from tenacity import Retrying
@@ -175,7 +175,7 @@ class _SyncHold(Holding):
         self._keeper: threading.Thread | None = None
 
 
-    def __enter__(self) -> Any:
+    def __enter__(self) -> Self:
         sent = time.monotonic()
         try:
             result = self._client._run(self._acquire_op())

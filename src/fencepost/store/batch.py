@@ -19,8 +19,8 @@ import asyncio
 import queue
 import sys
 import threading
-import traceback
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Protocol, TypeVar
 
