@@ -295,7 +295,8 @@ def test_reclaim_admits_a_waiter(server: ServerProcess, admin: httpx.Client,
     assert resp.json()["slot_id"] != vanished["slot_id"]
     state = pool_state(admin, pool)
     assert state["in_use"] == 1 and state["queued"] == 0
-    assert state["stats"]["reclaimed"] == 1
+    assert wait_for(lambda: pool_state(admin, pool)["stats"]["reclaimed"] == 1, timeout=3.0), \
+        pool_state(admin, pool)
 
 
 def test_renewed_slot_is_not_reclaimed(admin: httpx.Client, member: httpx.Client) -> None:

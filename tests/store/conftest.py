@@ -1,5 +1,5 @@
 """Backends for the Store conformance suite. Every test in this folder runs once
-per backend; a later backend joins by adding a parameter here."""
+per backend, each on a fresh database."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from typing import AsyncIterator
 
 import pytest
 
+from fencepost.store.sql_store import SqlStore
 from fencepost.store.sqlite import SqliteStore
+from pg_support import temporary_database
 
 
 class FakeClock:
@@ -29,9 +31,30 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
-@pytest.fixture(params=["sqlite"])
-async def store(request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock) -> AsyncIterator[SqliteStore]:
-    backend = SqliteStore(str(tmp_path / "conformance.db"), clock_ms=clock)
-    await backend.open()
-    yield backend
-    await backend.close()
+def reopen(store: SqlStore, clock: FakeClock) -> SqlStore:
+    """A second store object on the same database, as after a restart."""
+    from fencepost.store.postgresql import PostgresStore
+
+    if isinstance(store, SqliteStore):
+        return SqliteStore(store.path, clock_ms=clock)
+    assert isinstance(store, PostgresStore)
+    return PostgresStore(store.url, clock_ms=clock)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+async def store(
+    request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock
+) -> AsyncIterator[SqlStore]:
+    if request.param == "sqlite":
+        backend: SqlStore = SqliteStore(str(tmp_path / "conformance.db"), clock_ms=clock)
+        await backend.open()
+        yield backend
+        await backend.close()
+        return
+    from fencepost.store.postgresql import PostgresStore
+
+    with temporary_database() as url:
+        backend = PostgresStore(url, clock_ms=clock)
+        await backend.open()
+        yield backend
+        await backend.close()

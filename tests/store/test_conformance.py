@@ -12,6 +12,8 @@ from fencepost.core.leases import AcquireRequest, Busy, Granted, OnExpiry
 from fencepost.errors import Conflict, LeaseExpired, LeaseLost
 from fencepost.store.base import Freed, NewKey, lock_freed
 
+from .conftest import reopen
+
 P = "default"
 
 
@@ -51,7 +53,7 @@ async def test_fencing_tokens_rise_across_keys_and_reopen(store, tmp_path, clock
     second = await grant(store, "b")
     assert second.fencing_token > first.fencing_token
     await store.close()
-    reopened = type(store)(store.path, clock_ms=clock)
+    reopened = reopen(store, clock)
     await reopened.open()
     try:
         third = await grant(reopened, "c")

@@ -10,6 +10,8 @@ from fencepost.core.slots import PoolConfig
 from fencepost.errors import Capped, NotFound
 from fencepost.store.base import Freed, SlotReport, pool_freed
 
+from .conftest import reopen
+
 P = "default"
 
 
@@ -119,7 +121,7 @@ async def test_pools_survive_reopen(store, clock):
     await store.put_pool(P, "api", PoolConfig(limit=2, term_ms=60_000, request_timeout_ms=600_000))
     slot = (await store.acquire_slot(P, "api", wait_alive_ms=None)).slot
     await store.close()
-    reopened = type(store)(store.path, clock_ms=clock)
+    reopened = reopen(store, clock)
     await reopened.open()
     try:
         view = await reopened.get_pool(P, "api")

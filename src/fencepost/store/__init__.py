@@ -21,5 +21,9 @@ def make_store(url: str) -> Store:
 
         return SqliteStore(sqlite_path(url))
     if url.startswith(("postgresql:", "postgres:")):
-        raise ValueError("The PostgreSQL store is not available in this version yet.")
-    raise ValueError(f"Unknown store URL {url!r}: use sqlite:///path.db")
+        from fencepost.store.postgresql import PostgresStore
+
+        return PostgresStore(url)
+    raise ValueError(
+        f"Unknown store URL {url!r}: use sqlite:///path.db or postgresql://user@host/db"
+    )

@@ -4,30 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
 from fencepost.clock import wall_clock_ms
 from fencepost.errors import StoreUnavailable
 from fencepost.store.batch import Cursor
+from fencepost.store.migrate import apply_migrations
 from fencepost.store.sql_store import SqlStore
-
-
-def migrations_dir(backend: str) -> str:
-    return str(resources.files("fencepost.store").joinpath("migrations", backend))
-
-
-def apply_migrations(url: str, backend: str) -> None:
-    """Bring the schema up to date with yoyo; its lock serialises concurrent starts."""
-    from yoyo import get_backend, read_migrations
-
-    migrator = get_backend(url)
-    try:
-        with migrator.lock():
-            migrator.apply_migrations(migrator.to_apply(read_migrations(migrations_dir(backend))))
-    finally:
-        migrator.connection.close()
 
 
 class SqliteEngine:

@@ -1,5 +1,5 @@
-"""The `fencepost` command. It parses arguments and calls the server or the
-store; it holds no rules of its own."""
+"""`fencepost serve` and `fencepost project create`: the commands that run the
+server or work on the store directly (not through the API)."""
 
 from __future__ import annotations
 
@@ -32,13 +32,7 @@ def _save_secret(path: Path, secret: str) -> None:
     os.chmod(path, 0o600)  # also when the file already existed with wider modes
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="fencepost")
-def main() -> None:
-    """fencepost: locks with fencing tokens, TTL leases and pools."""
-
-
-@main.command()
+@click.command()
 @click.option("--store", envvar="FENCEPOST_STORE", default=DEFAULT_STORE, show_default=True,
               help="sqlite:///relative.db or sqlite:////absolute.db")
 @click.option("--host", envvar="FENCEPOST_HOST", default="127.0.0.1", show_default=True)
@@ -81,7 +75,7 @@ def serve(store: str, host: str, port: int, access_log: str | None) -> None:
     run_server(app, host, port)
 
 
-@main.group()
+@click.group()
 def project() -> None:
     """Manage projects directly in the store."""
 
@@ -113,7 +107,3 @@ def project_create(name: str, store: str) -> None:
         click.echo(f"fencepost: {exc.message}", err=True)
         raise SystemExit(1) from None
     click.echo(secret)
-
-
-if __name__ == "__main__":
-    main()

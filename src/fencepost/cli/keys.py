@@ -1,0 +1,80 @@
+"""`fencepost key ...` and `fencepost whoami`."""
+
+from __future__ import annotations
+
+import click
+
+from fencepost.cli.common import Ctx, api_command, connection_options
+from fencepost.cli.render import relative, table
+
+
+@click.group()
+def key() -> None:
+    """Create, list and revoke API keys of your project (admin)."""
+
+
+@key.command("create")
+@click.option("--role", type=click.Choice(["admin", "member", "reader"]), required=True,
+              help="reader: GET only; member: also acquire/renew/release; admin: everything.")
+@click.option("--name", default=None, help="A label (1..128 characters).")
+@click.option("--expires-in", type=click.IntRange(1, 315_360_000), default=None,
+              metavar="SECONDS", help="The key stops working after this.")
+@click.option("--allow-ip", "allow_ips", multiple=True, metavar="CIDR",
+              help="Accept requests only from here (repeatable).")
+@click.option("--rpm-quota", type=click.IntRange(1, 1_000_000), default=None,
+              help="Requests per minute.")
+@connection_options
+@api_command
+async def create(ctx: Ctx, role: str, name: str | None, expires_in: int | None,
+                 allow_ips: tuple[str, ...], rpm_quota: int | None) -> None:
+    """Create an API key and print its secret alone on stdout (it is shown only
+    once), so that `KEY=$(fencepost key create --role member)` works."""
+    async with ctx.client() as client:
+        created = await client.create_key(
+            role, name=name, expires_in=expires_in,  # type: ignore[arg-type]
+            allow_ips=list(allow_ips) if allow_ips else None, rpm_quota=rpm_quota,
+        )
+    if ctx.as_json:
+        ctx.emit(created.to_dict(), "")
+        return
+    ctx.note(f"created {created.role} key {created.id}"
+             + (f" ({created.name})" if created.name else "")
+             + f" in project {created.project}; its secret (shown once):")
+    click.echo(created.key)
+
+
+@key.command("list")
+@connection_options
+@api_command
+async def list_(ctx: Ctx) -> None:
+    """List the project's keys (never their secrets)."""
+    async with ctx.client() as client:
+        keys = await client.list_keys()
+    ctx.emit({"keys": [k.to_dict() for k in keys]}, lambda: table(
+        ["ID", "ROLE", "NAME", "CREATED", "EXPIRES", "REVOKED", "RPM", "ALLOW IPS"],
+        [[k.id, k.role, k.name, relative(k.created_at),
+          relative(k.expires_at) if k.expires_at else None,
+          relative(k.revoked_at) if k.revoked_at else None, k.rpm_quota,
+          ",".join(k.allow_ips)] for k in keys],
+    ))
+
+
+@key.command("revoke")
+@click.argument("key_id")
+@connection_options
+@api_command
+async def revoke(ctx: Ctx, key_id: str) -> None:
+    """Revoke key KEY_ID (refused everywhere within 2 s). Exit code 5 if unknown."""
+    async with ctx.client() as client:
+        revoked = await client.revoke_key(key_id)
+    ctx.emit({"revoked": revoked}, f"revoked key {key_id}")
+
+
+@click.command()
+@connection_options
+@api_command
+async def whoami(ctx: Ctx) -> None:
+    """Show the project, key ID and role of your API key."""
+    async with ctx.client() as client:
+        me = await client.whoami()
+    ctx.emit(me.to_dict(), f"key {me.key_id} ({me.role}) in project {me.project}")

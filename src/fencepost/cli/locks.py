@@ -1,0 +1,165 @@
+"""`fencepost lock ...`: acquire, renew, release, show, list, force-release."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from fencepost.cli.common import Ctx, api_command, connection_options
+from fencepost.cli.params import JSON_OBJECT, NAME, UUID
+from fencepost.cli.progress import ProgressLine, lock_waiting, while_waiting
+from fencepost.cli.render import compact_json, duration, fields, relative, table, when
+from fencepost.client.models import LockInfo
+from fencepost.client.wire import new_token
+
+TTL = click.IntRange(5, 7_776_000)
+
+
+@click.group()
+def lock() -> None:
+    """Acquire, renew, release and inspect locks.
+
+    A lock is held by a lock token (a UUID) that you keep for the lease's life;
+    `acquire` prints it (or use --token to choose it). To hold a lock while a
+    command runs, with renewal and release done for you, use `fencepost run`.
+    """
+
+
+@lock.command("acquire")
+@click.argument("key", type=NAME)
+@click.option("--ttl", type=TTL, default=60, show_default=True, metavar="SECONDS",
+              help="Lease length (5..7776000).")
+@click.option("--wait", type=click.FloatRange(min=0), default=0, show_default=True,
+              metavar="SECONDS", help="How long to wait in line; 0 fails fast.")
+@click.option("--operation", default=None, help="What you are doing (shown to others).")
+@click.option("--metadata", type=JSON_OBJECT, default=None, help="JSON object of holder details.")
+@click.option("--on-expiry", type=click.Choice(["release", "keep"]), default="release",
+              show_default=True, help="keep: stay held (overdue) past the TTL.")
+@click.option("--token", type=UUID, default=None,
+              help="Lock token to use (default: a new one). Reusing it makes retries safe.")
+@connection_options
+@api_command
+async def acquire(ctx: Ctx, key: str, ttl: int, wait: float, operation: str | None,
+                  metadata: dict[str, Any] | None, on_expiry: str, token: str | None) -> None:
+    """Acquire lock KEY and print its lock token and fencing token.
+
+    The lease is not renewed after this command exits: renew it with
+    `fencepost lock renew` before it expires, and release it when done.
+    Exit code 3 when the lock is held (after waiting, if --wait).
+    """
+    token = token or new_token()
+    async with ctx.client() as client:
+        work = client.acquire_lock(key, ttl=ttl, wait=wait, operation=operation,
+                                   metadata=metadata, on_expiry=on_expiry,  # type: ignore[arg-type]
+                                   token=token)
+        lease = await while_waiting(work, lock_waiting(client, key), ProgressLine())
+    ctx.emit(lease.to_dict(), lambda: "\n".join([
+        f"acquired lock {lease.key}: fencing token {lease.fencing_token}, "
+        f"expires {relative(lease.expires_at)}"
+        + ("" if lease.created else " (this token already held it)"),
+        f"lock token: {lease.lock_token}",
+        f"  renew:   fencepost lock renew {lease.key} --token {lease.lock_token} --ttl {ttl}",
+        f"  release: fencepost lock release {lease.key} --token {lease.lock_token}",
+    ]))
+
+
+@lock.command("renew")
+@click.argument("key", type=NAME)
+@click.option("--token", type=UUID, required=True, help="The lock token from acquire.")
+@click.option("--ttl", type=TTL, default=60, show_default=True, metavar="SECONDS",
+              help="New lease length from now.")
+@connection_options
+@api_command
+async def renew(ctx: Ctx, key: str, token: str, ttl: int) -> None:
+    """Renew the lease TOKEN holds on lock KEY. Exit code 4 when it is lost or expired."""
+    async with ctx.client() as client:
+        renewal = await client.renew_lock(key, token, ttl=ttl)
+    ctx.emit(renewal.to_dict(), lambda: (
+        f"renewed lock {renewal.key}: fencing token {renewal.fencing_token}, "
+        f"expires {relative(renewal.expires_at)}"
+    ))
+
+
+@lock.command("release")
+@click.argument("key", type=NAME)
+@click.option("--token", type=UUID, required=True, help="The lock token from acquire.")
+@connection_options
+@api_command
+async def release(ctx: Ctx, key: str, token: str) -> None:
+    """Release the lease TOKEN holds on lock KEY (idempotent: exit 0 either way)."""
+    async with ctx.client() as client:
+        released = await client.release_lock(key, token)
+    ctx.emit({"released": released}, f"released lock {key}" if released
+             else f"lock {key} was not held by this token; nothing to release")
+
+
+def _describe(info: LockInfo) -> str:
+    if not info.held:
+        waiting = f" ({info.waiters} waiting)" if info.waiters else ""
+        return f"{info.key}: free{waiting}"
+    return f"{info.key}: held, fencing token {info.fencing_token}\n" + fields([
+        ("operation", info.operation),
+        ("acquired", when(info.acquired_at)),
+        ("expires", when(info.expires_at) + (" OVERDUE" if info.overdue else "")),
+        ("deadline", when(info.deadline_at)),
+        ("on expiry", info.on_expiry),
+        ("waiters", info.waiters),
+        ("metadata", compact_json(info.metadata) if info.metadata else None),
+    ])
+
+
+@lock.command("show")
+@click.argument("key", type=NAME)
+@connection_options
+@api_command
+async def show(ctx: Ctx, key: str) -> None:
+    """Show lock KEY: holder's operation, fencing token, expiry, waiters."""
+    async with ctx.client() as client:
+        info = await client.get_lock(key)
+    ctx.emit(info.to_dict(), lambda: _describe(info))
+
+
+@lock.command("list")
+@click.option("--prefix", default=None, help="Only keys starting with this.")
+@click.option("--limit", type=click.IntRange(1, 100_000), default=100, show_default=True,
+              help="At most this many locks (pages are followed).")
+@connection_options
+@api_command
+async def list_(ctx: Ctx, prefix: str | None, limit: int) -> None:
+    """List held locks, sorted by key."""
+    locks: list[LockInfo] = []
+    after: str | None = None
+    async with ctx.client() as client:
+        while len(locks) < limit:
+            page = await client.list_locks(prefix=prefix, limit=min(1000, limit - len(locks)),
+                                           after=after)
+            locks.extend(page.locks)
+            after = page.next
+            if after is None:
+                break
+    ctx.emit({"locks": [i.to_dict() for i in locks], "next": after}, lambda: table(
+        ["KEY", "TOKEN", "OPERATION", "HELD FOR", "EXPIRES", "WAITERS"],
+        [[i.key, i.fencing_token, i.operation,
+          relative(i.acquired_at).removesuffix(" ago") if i.acquired_at else None,
+          "overdue" if i.overdue else relative(i.expires_at), i.waiters] for i in locks],
+    ) if locks else "no locks held")
+
+
+@lock.command("force-release")
+@click.argument("key", type=NAME)
+@connection_options
+@api_command
+async def force_release(ctx: Ctx, key: str) -> None:
+    """Release lock KEY whoever holds it (admin). Its holder's next renewal fails."""
+    async with ctx.client() as client:
+        result = await client.force_release(key)
+
+    def human() -> str:
+        if not result.released:
+            return f"lock {key} was not held; nothing to release"
+        age = duration((result.age_ms or 0) / 1000)
+        return (f"force-released lock {key} (fencing token {result.fencing_token}, "
+                f"operation {result.operation or '-'}, held for {age})")
+
+    ctx.emit(result.to_dict(), human)

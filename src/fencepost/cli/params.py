@@ -1,0 +1,78 @@
+"""Click parameter types for fencepost's values: names, JSON objects, headers."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from fencepost.core.names import is_valid_name
+
+NAME_RULE = "letters, digits and . _ : - (starting with a letter or digit), up to 128"
+
+
+class NameType(click.ParamType):
+    """A lock key or pool name (SPEC §2); a bad one fails before any request."""
+
+    name = "name"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        if not isinstance(value, str) or not is_valid_name(value):
+            self.fail(f"{value!r} is not a valid name ({NAME_RULE}).", param, ctx)
+        return value
+
+
+class JsonObject(click.ParamType):
+    """A JSON object given on the command line."""
+
+    name = "json"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> dict[str, Any]:
+        if isinstance(value, dict):
+            return value
+        try:
+            parsed = json.loads(value)
+        except ValueError as exc:
+            self.fail(f"not valid JSON ({exc.msg} at position {exc.pos}).", param, ctx)
+        if not isinstance(parsed, dict):
+            self.fail("must be a JSON object, such as '{\"host\": \"ci-7\"}'.", param, ctx)
+        return parsed
+
+
+class HeaderType(click.ParamType):
+    """An HTTP header as `Name: value`."""
+
+    name = "header"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> tuple[str, str]:
+        if isinstance(value, tuple):
+            return value
+        name, sep, text = str(value).partition(":")
+        if not sep or not name.strip():
+            self.fail(f"{value!r} is not a header; write it as 'Name: value'.", param, ctx)
+        return name.strip(), text.strip()
+
+
+class UuidType(click.ParamType):
+    """A lock token (a UUID)."""
+
+    name = "uuid"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        import uuid
+
+        try:
+            return str(uuid.UUID(str(value)))
+        except ValueError:
+            self.fail(f"{value!r} is not a UUID (lock tokens are UUIDs).", param, ctx)
+
+
+NAME = NameType()
+JSON_OBJECT = JsonObject()
+HEADER = HeaderType()
+UUID = UuidType()

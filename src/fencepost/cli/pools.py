@@ -1,0 +1,190 @@
+"""`fencepost pool ...`: set, show, list, delete, acquire, renew, release."""
+
+from __future__ import annotations
+
+import click
+
+from fencepost.cli.common import Ctx, api_command, connection_options
+from fencepost.cli.params import HEADER, NAME
+from fencepost.cli.progress import ProgressLine, slot_waiting, while_waiting
+from fencepost.cli.render import duration, epoch_ms, fields, relative, table
+from fencepost.client import Outcome
+from fencepost.client.models import PoolInfo
+from fencepost.client.outcome import rate_headers
+
+MS = click.IntRange(min=0)
+
+
+@click.group()
+def pool() -> None:
+    """Configure pools (counting semaphores) and take slots in them.
+
+    To hold a slot while a command runs, with renewal and release done for you,
+    use `fencepost run --pool`.
+    """
+
+
+@pool.command("set")
+@click.argument("name", type=NAME)
+@click.option("--limit", type=click.IntRange(1, 10_000), required=True,
+              help="Most slots held at once.")
+@click.option("--queue-size", type=click.IntRange(0, 100_000), default=None,
+              help="Most waiters; 0 disables waiting [server default 100].")
+@click.option("--queue-timeout-ms", type=MS, default=None,
+              help="Longest any acquire may wait [30000].")
+@click.option("--term-ms", type=MS, default=None, help="Slot lease term [30000].")
+@click.option("--renew-interval-ms", type=MS, default=None,
+              help="Suggested renewal interval [term/3].")
+@click.option("--request-timeout-ms", type=MS, default=None,
+              help="Absolute cap on a slot's life [60000].")
+@click.option("--rpm", type=click.IntRange(min=1), default=None,
+              help="Admissions per minute.")
+@click.option("--adaptive/--no-adaptive", default=None, help="Learn the limit from outcomes.")
+@click.option("--min-limit", type=click.IntRange(min=1), default=None,
+              help="Floor for the learned limit.")
+@connection_options
+@api_command
+async def set_(ctx: Ctx, name: str, limit: int, queue_size: int | None,
+               queue_timeout_ms: int | None, term_ms: int | None,
+               renew_interval_ms: int | None, request_timeout_ms: int | None,
+               rpm: int | None, adaptive: bool | None, min_limit: int | None) -> None:
+    """Create or replace pool NAME's configuration (admin). Options left out take
+    the server's defaults."""
+    async with ctx.client() as client:
+        info = await client.set_pool(
+            name, limit=limit, queue_size=queue_size, queue_timeout_ms=queue_timeout_ms,
+            term_ms=term_ms, renew_interval_ms=renew_interval_ms,
+            request_timeout_ms=request_timeout_ms, rpm=rpm, adaptive=adaptive,
+            min_limit=min_limit,
+        )
+    ctx.emit(info.to_dict(), lambda: "configured " + _describe(info))
+
+
+def _ms(value: int | None) -> str | None:
+    return None if value is None else duration(value / 1000)
+
+
+def _describe(info: PoolInfo) -> str:
+    return f"pool {info.name}: {info.in_use}/{info.effective_limit} in use, " \
+           f"{info.queued} queued\n" + fields([
+               ("limit", info.limit),
+               ("effective limit", info.effective_limit),
+               ("queue size", info.queue_size),
+               ("queue timeout", _ms(info.queue_timeout_ms)),
+               ("term", _ms(info.term_ms)),
+               ("renew interval", _ms(info.renew_interval_ms)),
+               ("request timeout", _ms(info.request_timeout_ms)),
+               ("rpm", info.rpm),
+               ("adaptive", "yes" if info.adaptive else "no"),
+               ("min limit", info.min_limit),
+           ])
+
+
+@pool.command("show")
+@click.argument("name", type=NAME)
+@connection_options
+@api_command
+async def show(ctx: Ctx, name: str) -> None:
+    """Show pool NAME: configuration, slots in use, waiters."""
+    async with ctx.client() as client:
+        info = await client.get_pool(name)
+    ctx.emit(info.to_dict(), lambda: _describe(info))
+
+
+@pool.command("list")
+@click.option("--prefix", default=None, help="Only names starting with this.")
+@click.option("--limit", type=click.IntRange(1, 100_000), default=100, show_default=True,
+              help="At most this many pools (pages are followed).")
+@connection_options
+@api_command
+async def list_(ctx: Ctx, prefix: str | None, limit: int) -> None:
+    """List pools, sorted by name."""
+    pools: list[PoolInfo] = []
+    after: str | None = None
+    async with ctx.client() as client:
+        while len(pools) < limit:
+            page = await client.list_pools(prefix=prefix, limit=min(1000, limit - len(pools)),
+                                           after=after)
+            pools.extend(page.pools)
+            after = page.next
+            if after is None:
+                break
+    ctx.emit({"pools": [p.to_dict() for p in pools], "next": after}, lambda: table(
+        ["NAME", "LIMIT", "EFFECTIVE", "IN USE", "QUEUED", "TERM"],
+        [[p.name, p.limit, p.effective_limit, p.in_use, p.queued, _ms(p.term_ms)]
+         for p in pools],
+    ) if pools else "no pools")
+
+
+@pool.command("delete")
+@click.argument("name", type=NAME)
+@connection_options
+@api_command
+async def delete(ctx: Ctx, name: str) -> None:
+    """Delete pool NAME (admin): its slots end, its waiters are refused."""
+    async with ctx.client() as client:
+        deleted = await client.delete_pool(name)
+    ctx.emit({"deleted": deleted}, f"deleted pool {name}")
+
+
+@pool.command("acquire")
+@click.argument("name", type=NAME)
+@click.option("--wait", type=click.FloatRange(min=0), default=0, show_default=True,
+              metavar="SECONDS", help="How long to wait for a slot; 0 fails fast.")
+@click.option("--no-queue", is_flag=True, help="Fail fast even if --wait is given.")
+@connection_options
+@api_command
+async def acquire(ctx: Ctx, name: str, wait: float, no_queue: bool) -> None:
+    """Take a slot of pool NAME and print its slot ID. It is not renewed after
+    this command exits. Exit code 3 when no slot is free (in time)."""
+    async with ctx.client() as client:
+        work = client.acquire_slot(name, wait=wait, no_queue=no_queue)
+        grant = await while_waiting(work, slot_waiting(client, name), ProgressLine())
+    ctx.emit(grant.to_dict(), lambda: "\n".join([
+        f"took a slot of pool {name}: lapses {relative(epoch_ms(grant.lease_deadline))} "
+        f"unless renewed (every {duration(grant.renew_interval_ms / 1000)})"
+        + (f"; {grant.remaining_slots} left" if grant.remaining_slots is not None else ""),
+        f"slot id: {grant.slot_id}",
+        f"  renew:   fencepost pool renew {name} {grant.slot_id}",
+        f"  release: fencepost pool release {name} {grant.slot_id} [--status CODE]",
+    ]))
+
+
+@pool.command("renew")
+@click.argument("name", type=NAME)
+@click.argument("slot_id")
+@connection_options
+@api_command
+async def renew(ctx: Ctx, name: str, slot_id: str) -> None:
+    """Extend slot SLOT_ID of pool NAME by one term. Exit code 5 when the slot is
+    gone, 4 when it is at its request deadline."""
+    async with ctx.client() as client:
+        renewal = await client.renew_slot(name, slot_id)
+    ctx.emit(renewal.to_dict(),
+             lambda: f"renewed slot: lapses {relative(epoch_ms(renewal.lease_deadline))}")
+
+
+@pool.command("release")
+@click.argument("name", type=NAME)
+@click.argument("slot_id")
+@click.option("--status", type=click.IntRange(100, 599), default=None,
+              help="The upstream's final HTTP status.")
+@click.option("--throttled", type=click.IntRange(min=0), default=None,
+              help="How many upstream 429s were seen.")
+@click.option("--retry-after-ms", type=click.IntRange(min=0), default=None,
+              help="The upstream's retry hint.")
+@click.option("--header", "headers", type=HEADER, multiple=True,
+              help="An upstream rate-limit header, 'Name: value' (repeatable).")
+@connection_options
+@api_command
+async def release(ctx: Ctx, name: str, slot_id: str, status: int | None,
+                  throttled: int | None, retry_after_ms: int | None,
+                  headers: tuple[tuple[str, str], ...]) -> None:
+    """Release slot SLOT_ID of pool NAME, reporting the upstream outcome
+    (idempotent: exit 0 either way)."""
+    outcome = Outcome(status=status, throttled=throttled, retry_after_ms=retry_after_ms,
+                      headers=rate_headers(dict(headers)))
+    async with ctx.client() as client:
+        released = await client.release_slot(name, slot_id, outcome)
+    ctx.emit({"released": released}, "released the slot" if released
+             else "the slot was already gone; nothing to release")

@@ -1,0 +1,187 @@
+"""The PostgreSQL store: many server replicas, one database, one truth.
+
+Each replica runs the same batch writer as SQLite over its own connection. A
+batch transaction first takes one transaction-scoped advisory lock, so batches
+from all replicas are serialised exactly as SQLite serialises its writers: the
+read-decide-write of every operation is atomic across the deployment, and no
+two batches can deadlock. The database's clock, read once per batch and
+advanced by the local monotonic clock within it, judges every expiry, so a
+replica with a skewed wall clock never decides anything by it.
+
+Replicas hear about freed locks and slots through LISTEN/NOTIFY; waiters also
+re-check every second in case a notification is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import threading
+import time
+from functools import lru_cache
+from typing import Any, Callable
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+
+from fencepost.clock import wall_clock_ms
+from fencepost.errors import StoreUnavailable
+from fencepost.store.base import Freed
+from fencepost.store.batch import Cursor
+from fencepost.store.migrate import apply_migrations
+from fencepost.store.sql_store import SqlStore
+
+CHANNEL = "fencepost_freed"
+# Any constant works: it only has to be the same on every replica.
+BATCH_LOCK_KEY = 0x0FE4CE_0057
+CONNECT_TIMEOUT_S = 2
+# Nothing may wait on the database for long: a stuck statement fails the batch (503).
+SESSION_OPTIONS = (
+    "-c statement_timeout=5000 -c lock_timeout=5000 -c idle_in_transaction_session_timeout=15000"
+)
+_CLOCK_SQL = (
+    "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint "
+    "FROM (SELECT pg_advisory_xact_lock(%s)) AS serialised"
+)
+
+
+@lru_cache(maxsize=512)
+def _placeholders(sql: str) -> str:
+    # The shared statements use `?`; psycopg wants `%s`. None of them holds a
+    # literal `?` or `%`.
+    return sql.replace("?", "%s")
+
+
+def libpq_url(url: str) -> str:
+    """postgres:// and postgresql:// both name the same thing to libpq."""
+    parts = urlsplit(url)
+    return urlunsplit(("postgresql", *parts[1:]))
+
+
+class PostgresEngine:
+    errors: tuple[type[BaseException], ...] = (psycopg.Error,)
+
+    def __init__(self, url: str, clock_ms: Callable[[], int] | None) -> None:
+        self.url = libpq_url(url)
+        self.clock_ms = clock_ms
+        self.offset_ms = 0  # database clock minus local wall clock, as last seen
+
+    def connect(self) -> psycopg.Connection[Any]:
+        return psycopg.connect(
+            self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S, options=SESSION_OPTIONS
+        )
+
+    def begin(self, conn: psycopg.Connection[Any]) -> Callable[[], int]:
+        conn.execute("BEGIN")
+        row = conn.execute(_CLOCK_SQL, (BATCH_LOCK_KEY,)).fetchone()
+        assert row is not None
+        db_ms, started = int(row[0]), time.monotonic()
+        self.offset_ms = db_ms - wall_clock_ms()
+        if self.clock_ms is not None:  # a test drives time
+            return self.clock_ms
+        return lambda: db_ms + int((time.monotonic() - started) * 1000)
+
+    def execute(self, conn: psycopg.Connection[Any], sql: str, params: tuple[Any, ...]) -> Cursor:
+        return conn.execute(_placeholders(sql), params)
+
+    def before_commit(self, conn: psycopg.Connection[Any], events: list[Any]) -> None:
+        payloads = sorted({_encode(event) for event in events})
+        if payloads:
+            # Delivered to every listening replica when (and only if) the batch commits.
+            conn.execute(
+                "SELECT pg_notify(%s, payload) FROM unnest(%s::text[]) AS payload",
+                (CHANNEL, payloads),
+            )
+
+    def fatal(self, exc: BaseException) -> bool:
+        return isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError))
+
+    def broken(self, conn: psycopg.Connection[Any]) -> bool:
+        return bool(conn.closed or conn.broken)
+
+
+def _encode(event: Freed) -> str:
+    return json.dumps([event.kind, event.project, event.name, event.wake_all])
+
+
+def _decode(payload: str) -> Freed | None:
+    try:
+        kind, project, name, wake_all = json.loads(payload)
+        return Freed(str(kind), str(project), str(name), bool(wake_all))
+    except (ValueError, TypeError):
+        return None
+
+
+class _Listener:
+    """A thread with its own connection, LISTENing for other replicas' events."""
+
+    def __init__(self, url: str, deliver: Callable[[Freed], None]) -> None:
+        self._url = url
+        self._deliver = deliver
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="fencepost-listen", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(
+                    self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
+                ) as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    while not self._stop.is_set():
+                        for note in conn.notifies(timeout=0.5):
+                            event = _decode(note.payload)
+                            if event is not None:
+                                self._deliver(event)
+            except psycopg.Error as exc:
+                # The database is away; waiters fall back to their periodic
+                # re-check until it is back.
+                print(f"fencepost: listener: {exc}", file=sys.stderr)
+                self._stop.wait(1.0)
+
+
+class PostgresStore(SqlStore):
+    url_scheme = "postgresql"
+
+    def __init__(self, url: str, clock_ms: Callable[[], int] | None = None) -> None:
+        self.url = url
+        self._engine = PostgresEngine(url, clock_ms)
+        self._listener: _Listener | None = None
+        super().__init__(self._engine)
+
+    async def open(self) -> None:
+        loop = asyncio.get_running_loop()
+        yoyo_url = urlunsplit(("postgresql+psycopg", *urlsplit(self.url)[1:]))
+        try:
+            await asyncio.to_thread(apply_migrations, yoyo_url, "postgresql")
+            await self._start()
+        except psycopg.Error as exc:
+            raise StoreUnavailable(f"Cannot open the PostgreSQL store: {exc}.") from exc
+
+        def deliver(event: Freed) -> None:
+            try:
+                loop.call_soon_threadsafe(self._publish, [event])
+            except RuntimeError:
+                pass  # the loop is closed: shutting down
+
+        self._listener = _Listener(self._engine.url, deliver)
+        self._listener.start()
+
+    async def close(self) -> None:
+        if self._listener is not None:
+            await asyncio.to_thread(self._listener.stop)
+            self._listener = None
+        await super().close()
+
+    async def now_ms(self) -> int:
+        """The database's clock as last seen, for decisions outside a transaction
+        (key expiry); lease and slot expiry are judged inside the batch."""
+        return wall_clock_ms() + self._engine.offset_ms

@@ -1,0 +1,46 @@
+"""Real PostgreSQL for tests: a throwaway database per test, dropped afterwards.
+
+Set FENCEPOST_TEST_PG (default postgresql://postgres@127.0.0.1:5432/postgres)
+to point elsewhere. Without a server the PostgreSQL tests are skipped on a
+developer's machine, but under CI=true a missing server is a failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from typing import Iterator
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+ADMIN_URL = os.environ.get("FENCEPOST_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def _admin_connection():  # type: ignore[no-untyped-def]
+    import psycopg
+
+    try:
+        return psycopg.connect(ADMIN_URL, autocommit=True, connect_timeout=3)
+    except psycopg.OperationalError as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"PostgreSQL is required under CI=true but unreachable: {exc}")
+        pytest.skip(f"PostgreSQL is not reachable at {ADMIN_URL}: {exc}")
+
+
+def database_url(name: str) -> str:
+    parts = urlsplit(ADMIN_URL)
+    return urlunsplit((parts.scheme, parts.netloc, f"/{name}", parts.query, parts.fragment))
+
+
+@contextlib.contextmanager
+def temporary_database() -> Iterator[str]:
+    name = f"fencepost_test_{uuid.uuid4().hex[:16]}"
+    with _admin_connection() as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield database_url(name)
+    finally:
+        with _admin_connection() as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
