@@ -48,6 +48,8 @@ class ServerProcess:
     admin_key: str = BOOTSTRAP_KEY
     extra_env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
+    store: str | None = None  # a PostgreSQL URL; the default is a SQLite file in workdir
+    command_prefix: list[str] = field(default_factory=list)  # e.g. faketime
 
     @property
     def db_path(self) -> Path:
@@ -55,7 +57,7 @@ class ServerProcess:
 
     @property
     def store_url(self) -> str:
-        return f"sqlite:///{self.db_path}"
+        return self.store or f"sqlite:///{self.db_path}"
 
     @property
     def access_log(self) -> Path:
@@ -82,6 +84,7 @@ class ServerProcess:
     def start(self, timeout: float = 20.0) -> "ServerProcess":
         self.workdir.mkdir(parents=True, exist_ok=True)
         cmd = [
+            *self.command_prefix,
             sys.executable, "-m", "fencepost", "serve",
             "--store", self.store_url,
             "--host", "127.0.0.1",

@@ -137,7 +137,7 @@ def describe_error(error: FencepostError) -> str:
         from fencepost.cli.render import duration
 
         parts = []
-        if error.operation:
+        if error.operation and error.operation not in error.message:
             parts.append(f"holder's operation: {error.operation}")
         expires_in_ms = error.extra.get("expires_in_ms")
         if isinstance(expires_in_ms, int):

@@ -12,7 +12,7 @@ from fencepost.core.names import is_valid_name
 NAME_RULE = "letters, digits and . _ : - (starting with a letter or digit), up to 128"
 
 
-class NameType(click.ParamType):
+class NameType(click.ParamType[str]):
     """A lock key or pool name (SPEC §2); a bad one fails before any request."""
 
     name = "name"
@@ -23,7 +23,7 @@ class NameType(click.ParamType):
         return value
 
 
-class JsonObject(click.ParamType):
+class JsonObject(click.ParamType[dict[str, Any]]):
     """A JSON object given on the command line."""
 
     name = "json"
@@ -35,14 +35,14 @@ class JsonObject(click.ParamType):
             return value
         try:
             parsed = json.loads(value)
-        except ValueError as exc:
+        except json.JSONDecodeError as exc:
             self.fail(f"not valid JSON ({exc.msg} at position {exc.pos}).", param, ctx)
         if not isinstance(parsed, dict):
             self.fail("must be a JSON object, such as '{\"host\": \"ci-7\"}'.", param, ctx)
         return parsed
 
 
-class HeaderType(click.ParamType):
+class HeaderType(click.ParamType[tuple[str, str]]):
     """An HTTP header as `Name: value`."""
 
     name = "header"
@@ -58,7 +58,7 @@ class HeaderType(click.ParamType):
         return name.strip(), text.strip()
 
 
-class UuidType(click.ParamType):
+class UuidType(click.ParamType[str]):
     """A lock token (a UUID)."""
 
     name = "uuid"

@@ -76,7 +76,9 @@ def lock_waiting(client: AsyncClient, key: str) -> Callable[[float], Awaitable[s
         if not info.held:
             return f"{head}: in line"
         holder = f"held by {info.operation!r}" if info.operation else "held"
-        since = f" for {relative(info.acquired_at).removesuffix(' ago')}" if info.acquired_at else ""
+        since = ""
+        if info.acquired_at is not None:
+            since = f" for {relative(info.acquired_at).removesuffix(' ago')}"
         expiry = ""
         if info.expires_at is not None:
             expiry = ", overdue" if info.overdue else f", expires {relative(info.expires_at)}"

@@ -13,7 +13,7 @@ import click
 from fencepost.core.keys import MIN_BOOTSTRAP_SECRET_LENGTH
 from fencepost.core.names import is_valid_name
 from fencepost.errors import FencepostError
-from fencepost.store import make_store, sqlite_path
+from fencepost.store import make_store, redacted, sqlite_path
 
 DEFAULT_STORE = "sqlite:///fencepost.db"
 
@@ -34,13 +34,23 @@ def _save_secret(path: Path, secret: str) -> None:
 
 @click.command()
 @click.option("--store", envvar="FENCEPOST_STORE", default=DEFAULT_STORE, show_default=True,
-              help="sqlite:///relative.db or sqlite:////absolute.db")
+              help="sqlite:///relative.db, sqlite:////absolute.db or "
+                   "postgresql://user:pass@host:port/db")
+@click.option("--store-readers", envvar="FENCEPOST_STORE_READERS", default=2, show_default=True,
+              type=click.IntRange(0, 64),
+              help="Read-only store connections besides the one writer.")
 @click.option("--host", envvar="FENCEPOST_HOST", default="127.0.0.1", show_default=True)
 @click.option("--port", envvar="FENCEPOST_PORT", default=7440, show_default=True,
               type=click.IntRange(0, 65535))
 @click.option("--access-log", envvar="FENCEPOST_ACCESS_LOG", default=None,
               help="File for JSON-lines access log (default: stderr).")
-def serve(store: str, host: str, port: int, access_log: str | None) -> None:
+@click.option("--trusted-proxies", envvar="FENCEPOST_TRUSTED_PROXIES", default="",
+              help="Comma-separated addresses of load balancers whose X-Forwarded-For "
+                   "is believed (for IP allowlists). Default: none.")
+def serve(
+    store: str, store_readers: int, host: str, port: int, access_log: str | None,
+    trusted_proxies: str,
+) -> None:
     """Run the lock service."""
     from fencepost.server.app import AppConfig, create_app
     from fencepost.server.runner import serve as run_server
@@ -51,7 +61,7 @@ def serve(store: str, host: str, port: int, access_log: str | None) -> None:
             f"FENCEPOST_BOOTSTRAP_KEY must be at least {MIN_BOOTSTRAP_SECRET_LENGTH} characters."
         )
     try:
-        backend = make_store(store)
+        backend = make_store(store, readers=store_readers)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     key_file = _bootstrap_file(store)
@@ -71,8 +81,9 @@ def serve(store: str, host: str, port: int, access_log: str | None) -> None:
         backend,
         AppConfig(access_log=access_log, bootstrap_key=bootstrap_key, on_bootstrap=announce),
     )
-    click.echo(f"fencepost: serving on http://{host}:{port} with {store}", err=True)
-    run_server(app, host, port)
+    click.echo(f"fencepost: serving on http://{host}:{port} with {redacted(store)}", err=True)
+    proxies = [p.strip() for p in trusted_proxies.split(",") if p.strip()]
+    run_server(app, host, port, proxies)
 
 
 @click.group()

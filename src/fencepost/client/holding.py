@@ -21,6 +21,7 @@ from fencepost.client.wire import name_segment, new_token
 from fencepost.errors import FencepostError, LeaseLost
 
 log = logging.getLogger("fencepost.client")
+log.addHandler(logging.NullHandler())  # a library logs only where the application asks
 
 
 class Holding:

@@ -44,7 +44,8 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     if exc.status_code == 404:
         return error_response(NotFound("No such route."))
     if exc.status_code == 405:
-        return error_response(MethodNotAllowed())
+        # RFC 9110 §15.5.6: a 405 names the methods the route allows.
+        return error_response(MethodNotAllowed(headers=dict(exc.headers or {})))
     return error_response(FencepostError(str(exc.detail)))
 
 
@@ -65,6 +66,24 @@ async def _reap_forever(store: Store) -> None:
         except Exception as exc:  # noqa: BLE001 - keep reaping after a store hiccup
             print(f"fencepost: reaper: {exc}", file=sys.stderr)
         await asyncio.sleep(REAP_INTERVAL_S)
+
+
+def _routes() -> list[Route]:
+    """One Starlette route per path, dispatching on the method, so that a 405
+    lists every method the path allows."""
+    by_path: dict[str, dict[str, Any]] = {}
+    for spec in ROUTES:
+        by_path.setdefault(spec.path, {})[spec.method] = spec.handler
+    routes = []
+    for path, handlers in by_path.items():
+        if "GET" in handlers:
+            handlers["HEAD"] = handlers["GET"]
+
+        async def dispatch(request: Request, handlers: dict[str, Any] = handlers) -> Response:
+            return await handlers[request.method](request)  # type: ignore[no-any-return]
+
+        routes.append(Route(path, dispatch, methods=list(handlers)))
+    return routes
 
 
 def create_app(store: Store, config: AppConfig) -> Any:
@@ -89,7 +108,7 @@ def create_app(store: Store, config: AppConfig) -> Any:
             app.state.services.access_log.close()
 
     app = Starlette(
-        routes=[Route(r.path, r.handler, methods=[r.method]) for r in ROUTES],
+        routes=_routes(),
         exception_handlers={
             HTTPException: _http_error,
             FencepostError: _fencepost_error,

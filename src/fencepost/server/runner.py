@@ -26,11 +26,15 @@ class _Server(uvicorn.Server):
         begin_shutdown(self._app)
 
 
-def serve(app: Any, host: str, port: int) -> None:
+def serve(app: Any, host: str, port: int, trusted_proxies: list[str] | None = None) -> None:
+    """Run until SIGTERM/SIGINT. X-Forwarded-For is believed only from
+    `trusted_proxies`: otherwise any client could claim an allowlisted address."""
     config = uvicorn.Config(
         app,
         host=host,
         port=port,
+        proxy_headers=bool(trusted_proxies),
+        forwarded_allow_ips=list(trusted_proxies or []),
         loop="uvloop",
         http="httptools",
         lifespan="on",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit, urlunsplit
+
 from fencepost.store.base import Store
 
 
@@ -15,15 +17,29 @@ def sqlite_path(url: str) -> str:
     return url[len(prefix):]
 
 
-def make_store(url: str) -> Store:
+def redacted(url: str) -> str:
+    """The store URL with any password replaced, for logs and messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def make_store(url: str, readers: int | None = None) -> Store:
+    """The store for `url`; `readers` is how many read-only connections it keeps
+    besides its one writer (default: sql_store.DEFAULT_READERS)."""
+    from fencepost.store.sql_store import DEFAULT_READERS
+
+    count = DEFAULT_READERS if readers is None else readers
     if url.startswith("sqlite:"):
         from fencepost.store.sqlite import SqliteStore
 
-        return SqliteStore(sqlite_path(url))
+        return SqliteStore(sqlite_path(url), readers=count)
     if url.startswith(("postgresql:", "postgres:")):
         from fencepost.store.postgresql import PostgresStore
 
-        return PostgresStore(url)
+        return PostgresStore(url, readers=count)
     raise ValueError(
         f"Unknown store URL {url!r}: use sqlite:///path.db or postgresql://user@host/db"
     )

@@ -50,8 +50,10 @@ class Engine(Protocol):
 
     def connect(self) -> Any: ...
 
-    def begin(self, conn: Any) -> Callable[[], int]:
-        """Start the batch transaction; return the clock (epoch ms) for its operations."""
+    def begin(self, conn: Any, exclusive: bool) -> Callable[[], int]:
+        """Start the batch transaction (`exclusive`: serialised with every other
+        writer; otherwise a read-only snapshot); return the clock (epoch ms) for
+        its operations."""
 
     def execute(self, conn: Any, sql: str, params: tuple[Any, ...]) -> Cursor: ...
 
@@ -91,9 +93,14 @@ RECONNECT_BACKOFF_S = 0.5
 
 class BatchWriter:
     def __init__(
-        self, engine: Engine, publish: Callable[[list[Any]], None], name: str = "writer"
+        self,
+        engine: Engine,
+        publish: Callable[[list[Any]], None],
+        name: str = "writer",
+        exclusive: bool = True,
     ) -> None:
         self._engine = engine
+        self._exclusive = exclusive
         self._publish = publish
         self._name = name
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -169,7 +176,7 @@ class BatchWriter:
         events: list[Any] = []
         try:
             conn = self._connection()
-            clock = self._engine.begin(conn)
+            clock = self._engine.begin(conn, self._exclusive)
             for job in batch:
                 tx = Tx(self._engine, conn, clock())
                 self._engine.execute(conn, "SAVEPOINT op", ())
@@ -185,7 +192,8 @@ class BatchWriter:
                     self._engine.execute(conn, "RELEASE SAVEPOINT op", ())
                     outcomes.append((job, result, None))
                     events.extend(tx.events)
-            self._engine.before_commit(conn, events)
+            if self._exclusive:
+                self._engine.before_commit(conn, events)
             self._engine.execute(conn, "COMMIT", ())
         except Exception as exc:  # noqa: BLE001 - the writer thread must survive anything
             # Nothing of this batch is durable: fail every caller in it.

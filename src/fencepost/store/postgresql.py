@@ -30,7 +30,7 @@ from fencepost.errors import StoreUnavailable
 from fencepost.store.base import Freed
 from fencepost.store.batch import Cursor
 from fencepost.store.migrate import apply_migrations
-from fencepost.store.sql_store import SqlStore
+from fencepost.store.sql_store import DEFAULT_READERS, SqlStore
 
 CHANNEL = "fencepost_freed"
 # Any constant works: it only has to be the same on every replica.
@@ -44,6 +44,9 @@ _CLOCK_SQL = (
     "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint "
     "FROM (SELECT pg_advisory_xact_lock(%s)) AS serialised"
 )
+
+
+_READ_CLOCK_SQL = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 
 
 @lru_cache(maxsize=512)
@@ -72,9 +75,13 @@ class PostgresEngine:
             self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S, options=SESSION_OPTIONS
         )
 
-    def begin(self, conn: psycopg.Connection[Any]) -> Callable[[], int]:
-        conn.execute("BEGIN")
-        row = conn.execute(_CLOCK_SQL, (BATCH_LOCK_KEY,)).fetchone()
+    def begin(self, conn: psycopg.Connection[Any], exclusive: bool) -> Callable[[], int]:
+        if exclusive:
+            conn.execute("BEGIN")
+            row = conn.execute(_CLOCK_SQL, (BATCH_LOCK_KEY,)).fetchone()
+        else:
+            conn.execute("BEGIN READ ONLY")
+            row = conn.execute(_READ_CLOCK_SQL).fetchone()
         assert row is not None
         db_ms, started = int(row[0]), time.monotonic()
         self.offset_ms = db_ms - wall_clock_ms()
@@ -151,11 +158,13 @@ class _Listener:
 class PostgresStore(SqlStore):
     url_scheme = "postgresql"
 
-    def __init__(self, url: str, clock_ms: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self, url: str, clock_ms: Callable[[], int] | None = None, readers: int = DEFAULT_READERS
+    ) -> None:
         self.url = url
         self._engine = PostgresEngine(url, clock_ms)
         self._listener: _Listener | None = None
-        super().__init__(self._engine)
+        super().__init__(self._engine, readers)
 
     async def open(self) -> None:
         loop = asyncio.get_running_loop()

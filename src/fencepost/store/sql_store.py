@@ -8,7 +8,8 @@ suite hold them to the same behaviour.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import itertools
+from typing import Any, Awaitable, Callable, TypeVar
 
 from fencepost.core.keys import hash_secret, new_secret
 from fencepost.core.leases import AcquireRequest, Lease
@@ -27,30 +28,48 @@ from fencepost.store.base import (
 from fencepost.store.batch import BatchWriter, Engine, Tx
 from fencepost.store.sql import keys, locks, pools
 
+T = TypeVar("T")
+
 # Why a lease ended is kept this long, so a late renewal learns the reason.
 ENDED_LEASE_MEMORY_MS = 24 * 3_600_000
 _PRUNE_EVERY_MS = 60_000
 
 
+DEFAULT_READERS = 2
+
+
 class SqlStore:
     url_scheme = "sql"
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, readers: int = DEFAULT_READERS) -> None:
         self._listeners: list[FreedListener] = []
         self._writer = BatchWriter(engine, self._publish)
+        # Reads run on their own connections, so a GET never queues behind a
+        # write batch (nor, on PostgreSQL, behind other replicas' batches).
+        self._readers = [
+            BatchWriter(engine, self._publish, name=f"reader-{i}", exclusive=False)
+            for i in range(readers)
+        ]
+        self._next_reader = itertools.cycle(self._readers or [self._writer])
         self._pepper = b""
         self._last_prune_ms = 0
+
+    def _read(self, fn: Callable[[Tx], T]) -> Awaitable[T]:
+        return next(self._next_reader).run(fn)
 
     # --- lifecycle (backends extend open/close) ----------------------------
     async def _start(self) -> None:
         self._writer.start()
+        for reader in self._readers:
+            reader.start()
         self._pepper = (await self._writer.run(keys.load_pepper)).encode()
 
     async def close(self) -> None:
-        await asyncio.to_thread(self._writer.stop)
+        for batcher in [self._writer, *self._readers]:
+            await asyncio.to_thread(batcher.stop)
 
     async def ping(self) -> None:
-        await self._writer.run(lambda tx: tx.execute("SELECT 1").fetchone())
+        await self._read(lambda tx: tx.execute("SELECT 1").fetchone())
 
     def add_freed_listener(self, listener: FreedListener) -> None:
         self._listeners.append(listener)
@@ -75,14 +94,14 @@ class SqlStore:
         return record, secret
 
     async def list_keys(self, project: str) -> list[KeyRecord]:
-        return await self._writer.run(lambda tx: keys.list_keys(tx, project))
+        return await self._read(lambda tx: keys.list_keys(tx, project))
 
     async def revoke_key(self, project: str, key_id: str) -> bool:
         return await self._writer.run(lambda tx: keys.revoke_key(tx, project, key_id))
 
     async def find_key(self, secret: str) -> KeyRecord | None:
         wanted = hash_secret(secret, self._pepper)
-        return await self._writer.run(lambda tx: keys.find_key(tx, wanted))
+        return await self._read(lambda tx: keys.find_key(tx, wanted))
 
     # --- locks ---------------------------------------------------------------
     async def acquire_lock(
@@ -114,28 +133,24 @@ class SqlStore:
         return await self._writer.run(lambda tx: locks.force_release(tx, project, key))
 
     async def get_lock(self, project: str, key: str) -> LockView:
-        return await self._writer.run(lambda tx: locks.view(tx, project, key))
+        return await self._read(lambda tx: locks.view(tx, project, key))
 
     async def list_locks(
         self, project: str, prefix: str, after: str | None, limit: int
     ) -> list[LockView]:
-        return await self._writer.run(
-            lambda tx: locks.list_views(tx, project, prefix, after, limit)
-        )
+        return await self._read(lambda tx: locks.list_views(tx, project, prefix, after, limit))
 
     # --- pools ---------------------------------------------------------------
     async def put_pool(self, project: str, name: str, config: PoolConfig) -> tuple[PoolView, bool]:
         return await self._writer.run(lambda tx: pools.put(tx, project, name, config))
 
     async def get_pool(self, project: str, name: str) -> PoolView | None:
-        return await self._writer.run(lambda tx: pools.view(tx, project, name))
+        return await self._read(lambda tx: pools.view(tx, project, name))
 
     async def list_pools(
         self, project: str, prefix: str, after: str | None, limit: int
     ) -> list[PoolView]:
-        return await self._writer.run(
-            lambda tx: pools.list_views(tx, project, prefix, after, limit)
-        )
+        return await self._read(lambda tx: pools.list_views(tx, project, prefix, after, limit))
 
     async def delete_pool(self, project: str, name: str) -> bool:
         return await self._writer.run(lambda tx: pools.delete(tx, project, name))

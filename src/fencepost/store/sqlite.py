@@ -11,7 +11,7 @@ from fencepost.clock import wall_clock_ms
 from fencepost.errors import StoreUnavailable
 from fencepost.store.batch import Cursor
 from fencepost.store.migrate import apply_migrations
-from fencepost.store.sql_store import SqlStore
+from fencepost.store.sql_store import DEFAULT_READERS, SqlStore
 
 
 class SqliteEngine:
@@ -32,10 +32,11 @@ class SqliteEngine:
         conn.execute("PRAGMA foreign_keys=ON")
         return conn
 
-    def begin(self, conn: sqlite3.Connection) -> Callable[[], int]:
+    def begin(self, conn: sqlite3.Connection, exclusive: bool) -> Callable[[], int]:
         # IMMEDIATE takes the write lock now, so a `fencepost project create`
-        # in another process waits instead of failing mid-batch.
-        conn.execute("BEGIN IMMEDIATE")
+        # in another process waits instead of failing mid-batch. Readers take a
+        # WAL snapshot and never block the writer.
+        conn.execute("BEGIN IMMEDIATE" if exclusive else "BEGIN")
         return self.clock_ms
 
     def execute(self, conn: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> Cursor:
@@ -54,10 +55,12 @@ class SqliteEngine:
 class SqliteStore(SqlStore):
     url_scheme = "sqlite"
 
-    def __init__(self, path: str, clock_ms: Callable[[], int] = wall_clock_ms) -> None:
+    def __init__(
+        self, path: str, clock_ms: Callable[[], int] = wall_clock_ms, readers: int = DEFAULT_READERS
+    ) -> None:
         self.path = path
         self._clock_ms = clock_ms
-        super().__init__(SqliteEngine(path, clock_ms))
+        super().__init__(SqliteEngine(path, clock_ms), readers)
 
     async def open(self) -> None:
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)

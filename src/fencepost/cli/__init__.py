@@ -1,0 +1,59 @@
+"""The `fencepost` command.
+
+API commands (`lock`, `pool`, `key`, `whoami`, `run`) go through the Python
+client; `serve` and `project create` work on the server and store directly.
+The CLI holds no rules of its own: it parses, calls, prints, and exits with a
+code scripts can branch on (`fencepost.cli.exitcodes`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import click
+
+from fencepost.cli.keys import key, whoami
+from fencepost.cli.locks import lock
+from fencepost.cli.pools import pool
+from fencepost.cli.run import run
+from fencepost.cli.server import project, serve
+
+
+class _Main(click.Group):
+    """The root group: an unexpected failure is one line, not a traceback
+    (set FENCEPOST_DEBUG=1 to see the traceback)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
+            raise
+        except KeyboardInterrupt:
+            click.echo("fencepost: interrupted", err=True)
+            sys.exit(130)
+        except Exception as exc:  # noqa: BLE001 - the last line of defence
+            if os.environ.get("FENCEPOST_DEBUG"):
+                raise
+            click.echo(f"fencepost: unexpected error: {type(exc).__name__}: {exc} "
+                       "(set FENCEPOST_DEBUG=1 for details)", err=True)
+            sys.exit(1)
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="fencepost")
+def main() -> None:
+    """fencepost: locks with fencing tokens, TTL leases and pools.
+
+    Client commands read FENCEPOST_URL and FENCEPOST_API_KEY (or --url,
+    --api-key). Exit codes: 0 ok, 1 other error, 2 bad usage or input, 3 busy
+    (lock held, no slot, over quota), 4 lease lost or expired, 5 not found,
+    6 key refused, 7 server unreachable or failing.
+    """
+
+
+for command in (serve, project, lock, pool, key, whoami, run):
+    main.add_command(command)
+
+__all__ = ["main"]

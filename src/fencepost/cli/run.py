@@ -1,0 +1,263 @@
+"""`fencepost run --lock KEY -- CMD` / `fencepost run --pool POOL -- CMD`: hold a
+lock or a pool slot exactly while a command runs.
+
+- The lease is renewed in the background and released when CMD ends (whatever
+  way it ends); fencepost then exits with CMD's exit code (128+N when CMD was
+  killed by signal N).
+- CMD gets FENCEPOST_LOCK_KEY and FENCEPOST_FENCING_TOKEN (or FENCEPOST_POOL and
+  FENCEPOST_SLOT_ID) in its environment.
+- Signals sent to fencepost are forwarded to CMD. On a terminal, CMD stays in
+  the terminal's foreground, so Ctrl-C reaches it directly and is not sent twice.
+  Elsewhere (cron, CI) CMD runs in a process group of its own, and signals and
+  the lease-loss stop go to that whole group, so CMD's children stop too.
+- If the lease is lost, CMD gets SIGTERM, then SIGKILL after --grace seconds,
+  and fencepost exits 4.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from typing import Any
+
+import click
+
+from fencepost.cli.common import CliFailure, Ctx, api_command, connection_options
+from fencepost.cli.exitcodes import ExitCode
+from fencepost.cli.params import JSON_OBJECT, NAME
+from fencepost.cli.progress import ProgressLine, lock_waiting, slot_waiting, while_waiting
+from fencepost.client import AsyncClient
+from fencepost.client.aio import AsyncLockHold, AsyncSlotHold
+from fencepost.errors import LockHeld, QueueTimeout, TooManyRequests
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
+             signal.SIGUSR1, signal.SIGUSR2)
+TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGQUIT)
+# sysexits EX_TEMPFAIL: CMD says "temporarily failed, try later" -> reported as a 429.
+EX_TEMPFAIL = 75
+
+
+def _terminal_foreground() -> bool:
+    """Whether we run in the foreground of a controlling terminal (so the terminal
+    sends Ctrl-C to our whole process group)."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY)
+    except OSError:
+        return False
+    try:
+        return os.tcgetpgrp(fd) == os.getpgrp()
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _exit_code_of(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _slot_outcome_status(returncode: int) -> int:
+    if returncode == 0:
+        return 200
+    if returncode == EX_TEMPFAIL:
+        return 429
+    return 500
+
+
+@click.command(context_settings={"allow_interspersed_args": False})
+@click.option("--lock", "lock_key", type=NAME, default=None, help="Hold this lock.")
+@click.option("--pool", "pool_name", type=NAME, default=None, help="Hold a slot of this pool.")
+@click.option("--ttl", type=click.IntRange(5, 7_776_000), default=60, show_default=True,
+              metavar="SECONDS", help="Lock lease length; renewed every third of it.")
+@click.option("--wait", type=click.FloatRange(min=0), default=0, show_default=True,
+              metavar="SECONDS", help="How long to wait for the lock or slot; 0 fails fast.")
+@click.option("--operation", default=None,
+              help="What CMD does, shown to others who find the lock busy "
+                   "[default: CMD's name].")
+@click.option("--metadata", type=JSON_OBJECT, default=None,
+              help="JSON object of holder details (host and pid are added).")
+@click.option("--grace", type=click.FloatRange(0, 3600), default=10, show_default=True,
+              metavar="SECONDS", help="After a lost lease: time between SIGTERM and SIGKILL.")
+@click.option("--busy-exit-code", type=click.IntRange(0, 255), default=int(ExitCode.BUSY),
+              show_default=True, help="Exit code when the lock or slot is not free in time "
+                                      "(0 makes a busy cron run a quiet no-op).")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@connection_options
+@api_command
+async def run(ctx: Ctx, lock_key: str | None, pool_name: str | None, ttl: int, wait: float,
+              operation: str | None, metadata: dict[str, Any] | None, grace: float,
+              busy_exit_code: int, command: tuple[str, ...]) -> int:
+    """Run CMD while holding a lock (--lock KEY) or a pool slot (--pool POOL).
+
+    \b
+    fencepost run --lock nightly-backup --ttl 120 -- ./backup.sh
+    fencepost run --pool upstream-api --wait 60 -- python call_api.py
+
+    Exits with CMD's exit code. Before CMD runs: 3 (or --busy-exit-code) when
+    the lock or slot is not free in time, and the codes of other commands for
+    other failures; 4 when the lease was lost while CMD ran (CMD was stopped);
+    127 / 126 when CMD cannot be found / executed.
+    """
+    if (lock_key is None) == (pool_name is None):
+        raise CliFailure("give exactly one of --lock KEY and --pool POOL.", ExitCode.USAGE)
+    runner = _Runner(ctx, list(command), grace)
+    async with ctx.client() as client:
+        hold: AsyncLockHold | AsyncSlotHold
+        if lock_key is not None:
+            details = {"host": os.uname().nodename, "pid": os.getpid(), **(metadata or {})}
+            hold = client.lock(
+                lock_key, ttl=ttl, wait=wait, raise_on_loss=False, metadata=details,
+                operation=(operation or os.path.basename(command[0]) or "run")[:64],
+            )
+        else:
+            hold = client.slot(pool_name or "", wait=wait, raise_on_loss=False)
+        return await runner.run(client, hold, busy_exit_code)
+
+
+class _Runner:
+    """Holds the lease, runs CMD, and relays signals between the two."""
+
+    def __init__(self, ctx: Ctx, argv: list[str], grace: float) -> None:
+        self.ctx = ctx
+        self.argv = argv
+        self.grace = grace
+        self.foreground = _terminal_foreground()
+        self.verbose = ProgressLine().enabled
+        self.child: asyncio.subprocess.Process | None = None
+        self.stop_signal: int | None = None
+        self.main_task: asyncio.Task[Any] | None = None
+        self.acquiring = False
+
+    def say(self, text: str, always: bool = False) -> None:
+        if always or self.verbose:
+            click.echo(f"fencepost: {text}", err=True)
+
+    async def run(self, client: AsyncClient, hold: AsyncLockHold | AsyncSlotHold,
+                  busy_exit_code: int) -> int:
+        loop = asyncio.get_running_loop()
+        self.main_task = asyncio.current_task()
+        for sig in FORWARDED:
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        try:
+            acquired = await self._acquire(client, hold, busy_exit_code)
+            if acquired is not None:
+                return acquired
+            try:
+                return await self._run_child(hold)
+            finally:
+                await hold.__aexit__(None, None, None)
+        finally:
+            for sig in FORWARDED:
+                loop.remove_signal_handler(sig)
+
+    async def _acquire(self, client: AsyncClient, hold: AsyncLockHold | AsyncSlotHold,
+                       busy_exit_code: int) -> int | None:
+        if isinstance(hold, AsyncLockHold):
+            describe = lock_waiting(client, hold.key)
+            what = f"lock {hold.key}"
+        else:
+            describe = slot_waiting(client, hold.pool)
+            what = f"a slot of pool {hold.pool}"
+        self.acquiring = True
+        try:
+            await while_waiting(hold.__aenter__(), describe, ProgressLine())
+        except (LockHeld, TooManyRequests, QueueTimeout) as busy:
+            self.say(f"{what} is busy: {busy.message}", always=True)
+            return busy_exit_code
+        except asyncio.CancelledError:
+            if self.stop_signal is None:
+                raise
+            self.say(f"stopped by signal {self.stop_signal} while waiting for {what}",
+                     always=True)
+            return 128 + self.stop_signal
+        finally:
+            self.acquiring = False
+        if self.stop_signal is not None:
+            await hold.__aexit__(None, None, None)
+            return 128 + self.stop_signal
+        if isinstance(hold, AsyncLockHold):
+            self.say(f"holding lock {hold.key} (fencing token {hold.fencing_token}); "
+                     f"running {self.argv[0]}")
+        else:
+            self.say(f"holding a slot of pool {hold.pool}; running {self.argv[0]}")
+        return None
+
+    def _environment(self, hold: AsyncLockHold | AsyncSlotHold) -> dict[str, str]:
+        env = dict(os.environ)
+        if isinstance(hold, AsyncLockHold):
+            env["FENCEPOST_LOCK_KEY"] = hold.key
+            env["FENCEPOST_FENCING_TOKEN"] = str(hold.fencing_token)
+        else:
+            env["FENCEPOST_POOL"] = hold.pool
+            env["FENCEPOST_SLOT_ID"] = hold.slot_id
+        return env
+
+    async def _run_child(self, hold: AsyncLockHold | AsyncSlotHold) -> int:
+        try:
+            self.child = await asyncio.create_subprocess_exec(
+                *self.argv, env=self._environment(hold),
+                process_group=None if self.foreground else 0,
+            )
+        except FileNotFoundError:
+            self.say(f"{self.argv[0]}: command not found", always=True)
+            return int(ExitCode.COMMAND_NOT_FOUND)
+        except OSError as exc:
+            self.say(f"{self.argv[0]}: cannot run it: {exc.strerror or exc}", always=True)
+            return int(ExitCode.CANNOT_EXECUTE)
+        if self.stop_signal is not None:  # a signal came while CMD was starting
+            self._signal_child(self.stop_signal)
+        exited = asyncio.ensure_future(self.child.wait())
+        lost = asyncio.ensure_future(hold.lost_event.wait())
+        try:
+            await asyncio.wait([exited, lost], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost.cancel()
+        if not exited.done():
+            loss = hold.loss
+            reason = loss.reason if loss is not None else "unknown"
+            self.say(f"the lease was lost ({reason}); stopping {self.argv[0]}", always=True)
+            await self._stop_child(exited)
+            return int(ExitCode.LOST)
+        returncode = exited.result()
+        if isinstance(hold, AsyncSlotHold):
+            status = _slot_outcome_status(returncode)
+            hold.report(status=status, throttled=1 if status == 429 else None)
+        if hold.lost:
+            self.say(f"the lease was lost ({hold.loss.reason if hold.loss else 'unknown'}) "
+                     f"before {self.argv[0]} ended", always=True)
+            return int(ExitCode.LOST)
+        return _exit_code_of(returncode)
+
+    async def _stop_child(self, exited: asyncio.Future[int]) -> None:
+        self._signal_child(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(asyncio.shield(exited), self.grace)
+        except TimeoutError:
+            self.say(f"{self.argv[0]} did not stop within {self.grace:g}s; killing it",
+                     always=True)
+            self._signal_child(signal.SIGKILL)
+            await exited
+
+    def _signal_child(self, sig: int) -> None:
+        child = self.child
+        if child is None or child.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if self.foreground:
+                child.send_signal(sig)
+            else:
+                os.killpg(child.pid, sig)
+
+    def _on_signal(self, sig: int) -> None:
+        if self.child is None:
+            # Not running CMD yet: stop waiting, or do not start it.
+            self.stop_signal = sig
+            if self.acquiring and self.main_task is not None and not self.main_task.done():
+                self.main_task.cancel()
+            return
+        if self.foreground and sig in TERMINAL_SIGNALS:
+            return  # the terminal sent it to CMD as well
+        self._signal_child(sig)
+
