@@ -135,7 +135,8 @@ class ServerProcess:
         """An httpx client authenticated with `key` (the bootstrap admin key by default)."""
         headers = {"Authorization": f"Bearer {key or self.admin_key}"}
         headers.update(kwargs.pop("headers", {}))
-        return httpx.Client(base_url=self.base_url, headers=headers, timeout=30, **kwargs)
+        kwargs.setdefault("timeout", 30)
+        return httpx.Client(base_url=self.base_url, headers=headers, **kwargs)
 
     def async_client(self, key: str | None = None, **kwargs: Any) -> httpx.AsyncClient:
         headers = {"Authorization": f"Bearer {key or self.admin_key}"}

@@ -18,7 +18,6 @@ from typing import Any, Iterator
 
 import httpx
 import pytest
-
 from support import ServerProcess, unique_name
 
 SLOT_ID = re.compile(r"^slot_[A-Za-z0-9_-]{32}$")
@@ -540,7 +539,7 @@ def test_queue_size_zero_means_fail_fast(admin: httpx.Client, member: httpx.Clie
     pool = make_pool(admin, limit=1, queue_size=0)
     grab(member, pool)
     for kwargs in ({"body": {"wait_ms": 5000}}, {"headers": {"X-Queue-Timeout-Ms": "5000"}}):
-        resp, elapsed = timed(lambda: acquire(member, pool, **kwargs))
+        resp, elapsed = timed(lambda kw=kwargs: acquire(member, pool, **kw))
         err = assert_error(resp, 429, "too_many_requests")
         assert elapsed < FAST_S, elapsed
         assert err["in_use"] == 1 and err["effective_limit"] == 1

@@ -1,0 +1,204 @@
+"""A PostgreSQL outage: replicas fail fast with 503, never hang or double-grant,
+and recover by themselves when the database returns (SPEC §6, §7).
+
+Runs its own PostgreSQL cluster (initdb in a temporary folder, as the `postgres`
+user) so that stopping it disturbs nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+
+from support import ServerProcess, free_port, lock_headers, new_token
+
+PG_BIN = Path("/usr/lib/postgresql")
+
+
+class PrivatePostgres:
+    def __init__(self, root: Path) -> None:
+        versions = sorted(PG_BIN.glob("*/bin/pg_ctl")) if PG_BIN.exists() else []
+        if not versions or os.geteuid() != 0 or shutil.which("runuser") is None:
+            if os.environ.get("CI") == "true":
+                pytest.fail("the outage test needs PostgreSQL binaries and root under CI=true")
+            pytest.skip("needs PostgreSQL server binaries and root (to run them as postgres)")
+        self.bin = versions[-1].parent
+        self.data = root / "pgdata"
+        self.port = free_port()
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.chown(root, "postgres")
+        self._as_postgres(self.bin / "initdb", "-D", str(self.data), "-U", "postgres",
+                          "--auth=trust", "-E", "UTF8")
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _as_postgres(self, *cmd: object) -> None:
+        done = subprocess.run(["runuser", "-u", "postgres", "--", *map(str, cmd)],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, f"{cmd[0]} failed: {done.stdout}{done.stderr}"
+
+    def start(self) -> None:
+        self._as_postgres(self.bin / "pg_ctl", "-D", self.data, "-w", "-l",
+                          self.data / "log.txt", "-o",
+                          f"-p {self.port} -k {self.data} -c listen_addresses=127.0.0.1",
+                          "start")
+
+    def crash(self) -> None:
+        """Stop at once, without a checkpoint: what a crash leaves behind."""
+        self._as_postgres(self.bin / "pg_ctl", "-D", self.data, "-m", "immediate", "stop")
+
+    def stop(self) -> None:
+        subprocess.run(["runuser", "-u", "postgres", "--", str(self.bin / "pg_ctl"), "-D",
+                        str(self.data), "-m", "fast", "stop"], capture_output=True, timeout=60)
+
+
+@pytest.fixture
+def private_pg() -> Iterator[PrivatePostgres]:
+    # Not under pytest's tmp_path: that is private to root, and the server runs
+    # as the postgres user.
+    root = Path(tempfile.mkdtemp(prefix="fencepost-pg-"))
+    root.chmod(0o755)
+    try:
+        pg = PrivatePostgres(root / "pg")
+        pg.start()
+        yield pg
+        pg.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def wait_healthy(replica: ServerProcess, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{replica.base_url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"{replica.base_url} did not recover")
+
+
+def test_postgres_crash_under_load(private_pg: PrivatePostgres, tmp_path: Path) -> None:
+    replicas = [ServerProcess(tmp_path / n, store=private_pg.url).start() for n in ("a", "b")]
+    try:
+        keys = ["outage-1", "outage-2", "outage-3"]
+        grants: list[tuple[str, int, float]] = []  # (key, fencing token, when)
+        violations: list[str] = []
+        slowest = [0.0]
+        statuses: dict[int, int] = defaultdict(int)
+        stop = threading.Event()
+        lock = threading.Lock()
+
+        def worker(index: int) -> None:
+            replica = replicas[index % 2]
+            key = keys[index % 3]
+            with replica.client(timeout=15) as client:
+                while not stop.is_set():
+                    token = new_token()
+                    started = time.monotonic()
+                    try:
+                        resp = client.put(f"/v1/locks/{key}/lease", headers=lock_headers(token),
+                                          json={"ttl_seconds": 30})
+                    except httpx.HTTPError:
+                        continue
+                    with lock:
+                        slowest[0] = max(slowest[0], time.monotonic() - started)
+                        statuses[resp.status_code] += 1
+                    if resp.status_code != 201:
+                        time.sleep(0.02)
+                        continue
+                    fencing = resp.json()["fencing_token"]
+                    with lock:
+                        grants.append((key, fencing, time.monotonic()))
+                    # While we hold it, nobody else may: the lock shows our token.
+                    seen = client.get(f"/v1/locks/{key}")
+                    if seen.status_code == 200 and seen.json()["fencing_token"] != fencing:
+                        violations.append(f"{key}: held {fencing}, server shows {seen.json()}")
+                    while not stop.is_set():
+                        try:
+                            done = client.delete(f"/v1/locks/{key}/lease",
+                                                 headers={"X-Lock-Token": token})
+                        except httpx.HTTPError:
+                            continue
+                        if done.status_code == 200:
+                            break
+                        time.sleep(0.05)
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        time.sleep(2)
+        before_crash = len(grants)
+        private_pg.crash()
+        crashed_at = time.monotonic()
+        time.sleep(0.5)
+        health = httpx.get(f"{replicas[0].base_url}/healthz", timeout=10)
+        assert health.status_code == 503
+        assert health.json()["error"]["code"] == "store_unavailable"
+        time.sleep(1.5)
+        private_pg.start()
+        for replica in replicas:
+            wait_healthy(replica)
+        recovered_at = time.monotonic()
+        time.sleep(2)
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+
+        assert not violations, violations
+        assert statuses[503] > 0, dict(statuses)  # the outage was seen, and answered
+        assert slowest[0] < 10, f"a request hung for {slowest[0]:.1f} s"
+        assert before_crash > 0 and any(when > recovered_at for _, _, when in grants), (
+            "no grants after recovery without restarting the replicas")
+        tokens = [fencing for _, fencing, _ in grants]
+        assert len(tokens) == len(set(tokens)), "a fencing token was issued twice"
+        for key in keys:
+            mine = [fencing for k, fencing, _ in sorted(grants, key=lambda g: g[2]) if k == key]
+            assert mine == sorted(mine), f"{key}: tokens went backwards {mine}"
+        before = max(f for _, f, when in grants if when < crashed_at)
+        after = [f for _, f, when in grants if when > recovered_at]
+        assert min(after) > before
+    finally:
+        for replica in replicas:
+            replica.stop()
+
+
+def test_replicas_starting_together_migrate_once(private_pg: PrivatePostgres,
+                                                 tmp_path: Path) -> None:
+    replicas = [ServerProcess(tmp_path / n, store=private_pg.url) for n in ("a", "b", "c")]
+    errors: list[BaseException] = []
+
+    def start(replica: ServerProcess) -> None:
+        try:
+            replica.start()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start, args=(r,)) for r in replicas]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not errors, errors
+        keys = []
+        for replica in replicas:
+            with replica.client() as client:
+                keys = client.get("/v1/keys").json()["keys"]
+        assert len(keys) == 1  # bootstrapped exactly once
+    finally:
+        for replica in replicas:
+            replica.stop()
