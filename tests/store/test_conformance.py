@@ -221,3 +221,11 @@ async def test_keys_bootstrap_create_find_revoke(store, clock):
     assert await store.revoke_key("default", record.id) is True
     assert (await store.find_key(member_secret)).revoked_ms is not None
     assert [k.id for k in await store.list_keys("default")] == [admin.id, record.id]
+
+
+async def test_request_quota_is_counted_in_the_store(store, clock):
+    assert [await store.admit_request("key_a", 2) for _ in range(2)] == [None, None]
+    assert await store.admit_request("key_a", 2) == 30_000
+    assert await store.admit_request("key_b", 2) is None  # per key
+    clock.advance(30_000)
+    assert await store.admit_request("key_a", 2) is None

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from starlette.requests import Request
 
 from fencepost.core.keys import Network, Role, hash_secret, ip_allowed, parse_networks
-from fencepost.core.quota import RateGate
 from fencepost.errors import Forbidden, QuotaExceeded, Unauthorized
 from fencepost.store.base import KeyRecord, Store
 
@@ -40,7 +39,6 @@ class Authenticator:
     def __init__(self, store: Store) -> None:
         self._store = store
         self._cache: dict[str, _CachedKey] = {}
-        self._gates: dict[str, RateGate] = {}
 
     def forget(self, key_id: str) -> None:
         """Drop a key from the cache at once (it was revoked here)."""
@@ -59,7 +57,7 @@ class Authenticator:
         client_ip = request.client.host if request.client else None
         if not ip_allowed(client_ip, networks):
             raise Forbidden("This key may not be used from your address.")
-        self._count_request(record)
+        await self._count_request(record)
         if record.role < needs:
             raise Forbidden(
                 f"This route needs the {needs.label} role; the key is a {record.role.label}."
@@ -80,14 +78,13 @@ class Authenticator:
             self._cache[digest] = cached
         return cached.record, cached.networks
 
-    def _count_request(self, record: KeyRecord) -> None:
-        """Every authenticated request counts, a retry under a reused request ID too."""
+    async def _count_request(self, record: KeyRecord) -> None:
+        """Every authenticated request counts, a retry under a reused request ID
+        too. Counted in the store, so a quota holds across replicas; keys
+        without a quota cost nothing here."""
         if record.rpm_quota is None:
             return
-        gate = self._gates.get(record.id)
-        if gate is None or gate.per_minute != record.rpm_quota:
-            gate = self._gates[record.id] = RateGate(record.rpm_quota)
-        wait_ms = gate.admit(int(_monotonic_ms()))
+        wait_ms = await self._store.admit_request(record.id, record.rpm_quota)
         if wait_ms is not None:
             raise QuotaExceeded(retry_after_ms=wait_ms)
 

@@ -164,6 +164,10 @@ class Store(Protocol):
     async def find_key(self, secret: str) -> KeyRecord | None:
         """The key whose secret this is (revoked and expired keys included)."""
 
+    async def admit_request(self, key_id: str, per_minute: int) -> int | None:
+        """Count a request against the key's per-minute quota, shared by every
+        server: None when admitted, else milliseconds until one would be."""
+
     # --- locks ---------------------------------------------------------------
     async def acquire_lock(
         self, project: str, key: str, request: AcquireRequest, *, wait_alive_ms: int | None

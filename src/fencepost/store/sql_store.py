@@ -103,6 +103,9 @@ class SqlStore:
         wanted = hash_secret(secret, self._pepper)
         return await self._read(lambda tx: keys.find_key(tx, wanted))
 
+    async def admit_request(self, key_id: str, per_minute: int) -> int | None:
+        return await self._writer.run(lambda tx: keys.admit_request(tx, key_id, per_minute))
+
     # --- locks ---------------------------------------------------------------
     async def acquire_lock(
         self, project: str, key: str, request: AcquireRequest, *, wait_alive_ms: int | None

@@ -7,6 +7,7 @@ import secrets
 from typing import Any
 
 from fencepost.core.keys import Role, hash_secret, new_key_id, new_secret, same_hash
+from fencepost.core.quota import RateGate
 from fencepost.errors import Conflict
 from fencepost.store.base import KeyRecord, NewKey
 from fencepost.store.batch import Tx
@@ -118,3 +119,22 @@ def find_key(tx: Tx, secret_hash: str) -> KeyRecord | None:
     if row is None or not same_hash(row[4], secret_hash):
         return None
     return _key_record(row)
+
+
+def admit_request(tx: Tx, key_id: str, per_minute: int) -> int | None:
+    """Count one request against the key's quota: None when admitted, else the
+    milliseconds until one would be. The state is in the store, so every
+    replica counts against the same quota."""
+    row = tx.execute(
+        "SELECT theoretical_arrival_ms FROM key_quota WHERE key_id = ?", (key_id,)
+    ).fetchone()
+    gate = RateGate(per_minute, float(row[0]) if row else 0.0)
+    wait_ms = gate.admit(tx.now_ms)
+    if wait_ms is None:
+        tx.execute(
+            "INSERT INTO key_quota (key_id, theoretical_arrival_ms) VALUES (?, ?) "
+            "ON CONFLICT (key_id) DO UPDATE SET "
+            "theoretical_arrival_ms = excluded.theoretical_arrival_ms",
+            (key_id, gate.theoretical_arrival_ms),
+        )
+    return wait_ms
