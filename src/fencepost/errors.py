@@ -12,6 +12,8 @@ from typing import Any, ClassVar
 
 
 class FencepostError(Exception):
+    """Base of every fencepost error; `code` and `http_status` name it on the wire."""
+
     code: ClassVar[str] = "internal_error"
     http_status: ClassVar[int] = 500
     default_message: ClassVar[str] = "The server failed to handle the request."
@@ -77,42 +79,57 @@ class FencepostError(Exception):
 
 
 class InvalidRequest(FencepostError):
+    """400: the body is not JSON, or a required header is missing or malformed."""
+
     code = "invalid_request"
     http_status = 400
     default_message = "The request is malformed."
 
 
 class Unauthorized(FencepostError):
+    """401: the API key is missing, unknown, expired or revoked."""
+
     code = "unauthorized"
     http_status = 401
     default_message = "A valid API key is required."
 
 
 class Forbidden(FencepostError):
+    """403: the key's role is too low for the route, or the caller's IP is not allowed."""
+
     code = "forbidden"
     http_status = 403
     default_message = "This key may not do that."
 
 
 class NotFound(FencepostError):
+    """404: no such route, pool, slot or key (in this project)."""
+
     code = "not_found"
     http_status = 404
     default_message = "No such resource."
 
 
 class MethodNotAllowed(FencepostError):
+    """405: the route does not take this HTTP method."""
+
     code = "method_not_allowed"
     http_status = 405
     default_message = "That method is not allowed on this route."
 
 
 class LockHeld(FencepostError):
+    """409: another token holds the lock; `operation` is the holder's, `retry_after` when it
+    may expire."""
+
     code = "lock_held"
     http_status = 409
     default_message = "The lock is held by another token."
 
 
 class LeaseExpired(FencepostError):
+    """409: the renewal came less than 1 s before expiry; stop work before the lease expires."""
+
     code = "lease_expired"
     http_status = 409
     default_message = (
@@ -121,24 +138,32 @@ class LeaseExpired(FencepostError):
 
 
 class LeaseLost(FencepostError):
+    """409: this token no longer holds the lock; `reason` says why when known."""
+
     code = "lease_lost"
     http_status = 409
     default_message = "This token does not hold the lock."
 
 
 class Capped(FencepostError):
+    """409: the pool slot is at its request deadline and cannot be extended; release it."""
+
     code = "capped"
     http_status = 409
     default_message = "The slot is at its request deadline and cannot be extended."
 
 
 class PayloadTooLarge(FencepostError):
+    """413: the request body is over 64 KiB."""
+
     code = "payload_too_large"
     http_status = 413
     default_message = "The request body is larger than 64 KiB."
 
 
 class ValidationError(FencepostError):
+    """422: valid JSON with wrong, out-of-range or unknown fields; `details` names each."""
+
     code = "validation_error"
     http_status = 422
     default_message = "The request has invalid fields."
@@ -155,36 +180,48 @@ class ValidationError(FencepostError):
 
 
 class QuotaExceeded(FencepostError):
+    """429: the API key is over its requests-per-minute quota; see `retry_after`."""
+
     code = "quota_exceeded"
     http_status = 429
     default_message = "This key is over its requests-per-minute quota."
 
 
 class TooManyRequests(FencepostError):
+    """429: no pool slot is free and no wait was asked (or the queue is full)."""
+
     code = "too_many_requests"
     http_status = 429
     default_message = "No slot is free."
 
 
 class ShuttingDown(FencepostError):
+    """503: the server is stopping; retry (on another replica)."""
+
     code = "shutting_down"
     http_status = 503
     default_message = "The server is shutting down; retry on another replica."
 
 
 class StoreUnavailable(FencepostError):
+    """503: the server's store is not answering."""
+
     code = "store_unavailable"
     http_status = 503
     default_message = "The store is not answering."
 
 
 class QueueTimeout(FencepostError):
+    """504: waited the whole wait and no pool slot opened."""
+
     code = "queue_timeout"
     http_status = 504
     default_message = "Waited the whole wait and no slot opened."
 
 
 class Conflict(FencepostError):
+    """409: the request conflicts with existing state."""
+
     code = "conflict"
     http_status = 409
     default_message = "That conflicts with existing state."
@@ -233,6 +270,5 @@ def _all_subclasses(cls: type[FencepostError]) -> list[type[FencepostError]]:
     return found
 
 
-ERRORS_BY_CODE: dict[str, type[FencepostError]] = {
-    cls.code: cls for cls in [FencepostError, *_all_subclasses(FencepostError)]
-}
+_ALL_ERRORS: list[type[FencepostError]] = [FencepostError, *_all_subclasses(FencepostError)]
+ERRORS_BY_CODE: dict[str, type[FencepostError]] = {cls.code: cls for cls in _ALL_ERRORS}

@@ -56,7 +56,7 @@ def test_liveness_is_judged_by_the_lease_deadline():
     "in_use,ahead,admitted", [(0, 0, True), (2, 0, True), (3, 0, False), (0, 1, False)]
 )
 def test_admission_respects_limit_and_line(in_use, ahead, admitted):
-    assert rules.may_admit(PoolConfig(limit=3), in_use, ahead) is admitted
+    assert rules.may_admit(3, in_use, ahead) is admitted
 
 
 @pytest.mark.parametrize(

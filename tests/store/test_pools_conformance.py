@@ -130,3 +130,95 @@ async def test_pools_survive_reopen(store, clock):
     finally:
         await reopened.close()
         await store.open()
+
+
+# --- adaptive admission (SPEC §4.5) -------------------------------------------
+
+from fencepost.core.ratelimit_headers import RateLimitInfo  # noqa: E402
+
+THROTTLED = SlotReport(status=429, report_json="{}")
+
+
+async def _hold_and_report(store, pool, report, clock, hold_ms=50):
+    attempt = await store.acquire_slot(P, pool, wait_alive_ms=None)
+    assert attempt.slot is not None, attempt
+    clock.advance(hold_ms)
+    assert await store.release_slot(P, pool, attempt.slot.slot_id, report)
+
+
+async def test_throttle_reports_lower_the_effective_limit(store, clock):
+    await store.put_pool(P, "ad", PoolConfig(limit=10, adaptive=True))
+    await _hold_and_report(store, "ad", THROTTLED, clock)
+    view = await store.get_pool(P, "ad")
+    assert view.effective_limit == 7 and view.governor.plateau == 10
+    # the lowered limit is enforced
+    held = [await store.acquire_slot(P, "ad", wait_alive_ms=None) for _ in range(8)]
+    assert sum(a.slot is not None for a in held) == 7
+    assert held[-1].effective_limit == 7
+
+
+async def test_successes_raise_it_again(store, clock):
+    await store.put_pool(P, "ad", PoolConfig(limit=10, adaptive=True))
+    await _hold_and_report(store, "ad", THROTTLED, clock)
+    clock.advance(10_000)  # past the plateau
+    for _ in range(40):
+        await _hold_and_report(store, "ad", SlotReport(status=200, report_json="{}"), clock)
+    assert (await store.get_pool(P, "ad")).effective_limit == 10
+
+
+async def test_fixed_pools_ignore_reports(store, clock):
+    await store.put_pool(P, "fixed", PoolConfig(limit=10))
+    hinted = SlotReport(status=429, retry_after_ms=5_000, report_json="{}")
+    await _hold_and_report(store, "fixed", hinted, clock)
+    view = await store.get_pool(P, "fixed")
+    assert view.effective_limit == 10
+    assert (await store.acquire_slot(P, "fixed", wait_alive_ms=None)).slot is not None
+
+
+async def test_retry_hint_pauses_admissions_until_it_passes(store, clock):
+    await store.put_pool(P, "ad", PoolConfig(limit=10, adaptive=True))
+    await _hold_and_report(
+        store, "ad", SlotReport(status=429, retry_after_ms=2_000, report_json="{}"), clock)
+    paused = await store.acquire_slot(P, "ad", wait_alive_ms=None)
+    assert paused.slot is None and paused.retry_after_ms == 2_000
+    clock.advance(2_000)
+    assert (await store.acquire_slot(P, "ad", wait_alive_ms=None)).slot is not None
+
+
+async def test_rpm_admits_at_most_rpm_per_rolling_minute(store, clock):
+    await store.put_pool(P, "rated", PoolConfig(limit=100, rpm=3))
+    admitted = []
+    for _ in range(5):
+        admitted.append(await store.acquire_slot(P, "rated", wait_alive_ms=None))
+        clock.advance(10_000)
+    assert [a.slot is not None for a in admitted] == [True, True, True, False, False]
+    assert admitted[3].retry_after_ms == 30_000  # the first admission leaves the window
+    clock.now += 10_000  # 60 s after the first
+    assert (await store.acquire_slot(P, "rated", wait_alive_ms=None)).slot is not None
+
+
+async def test_reported_rate_teaches_a_lower_rpm_and_survives_reopen(store, clock):
+    await store.put_pool(P, "rated", PoolConfig(limit=100, rpm=1_000))
+    rate = RateLimitInfo(request_limit=2, request_remaining=1, request_reset_ms=30_000)
+    await _hold_and_report(store, "rated", SlotReport(status=200, rate=rate, report_json="{}"),
+                           clock)
+    view = await store.get_pool(P, "rated")
+    assert view.effective_rpm == 2 and view.governor.learned_rpm == 2
+    assert (await store.acquire_slot(P, "rated", wait_alive_ms=None)).slot is not None
+    assert (await store.acquire_slot(P, "rated", wait_alive_ms=None)).slot is None
+    await store.close()
+    reopened = reopen(store, clock)
+    await reopened.open()
+    try:
+        assert (await reopened.get_pool(P, "rated")).effective_rpm == 2
+    finally:
+        await reopened.close()
+        await store.open()
+
+
+async def test_spent_window_pauses_until_reset(store, clock):
+    await store.put_pool(P, "ad", PoolConfig(limit=10, adaptive=True))
+    rate = RateLimitInfo(request_limit=60, request_remaining=0, request_reset_ms=3_000)
+    await _hold_and_report(store, "ad", SlotReport(status=200, rate=rate, report_json="{}"), clock)
+    refused = await store.acquire_slot(P, "ad", wait_alive_ms=None)
+    assert refused.slot is None and refused.retry_after_ms == 3_000

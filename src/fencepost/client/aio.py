@@ -17,7 +17,7 @@ from fencepost.client.keeper import Terms, keep_alive
 from fencepost.client.methods import AsyncRunner, Methods
 from fencepost.client.models import OnExpiry
 from fencepost.client.operations import Op
-from fencepost.client.retrying import Retries, tenacity_options
+from fencepost.client.retrying import RELEASE_RETRIES, Retries, tenacity_options
 from fencepost.client.transport import Settings, reply_of, transport_error
 from fencepost.client.wire import Call, Sleep, raise_for_status
 from fencepost.errors import FencepostError, TransportError, UnexpectedResponse
@@ -94,14 +94,17 @@ class AsyncClient(Methods, AsyncRunner):
         """Close the connections."""
         await self._http.aclose()
 
-    async def _run(self, program: Op[T]) -> T:
-        return await drive(program, self._send)  # type: ignore[return-value]
+    async def _run(self, program: Op[T], retries: Retries | None = None) -> T:
+        if retries is None:
+            return await drive(program, self._send)  # type: ignore[return-value]
+        return await drive(program, lambda call: self._send(call, retries))  # type: ignore[return-value]
 
-    async def _send(self, call: Call[T]) -> T:
-        if not call.retry or self.settings.retries.attempts <= 1:
+    async def _send(self, call: Call[T], retries: Retries | None = None) -> T:
+        policy = retries or self.settings.retries
+        if not call.retry or policy.attempts <= 1:
             return await self._attempt(call)
         wait_s = call.wait.remaining_s(time.monotonic()) if call.wait else 0.0
-        retrying = AsyncRetrying(**tenacity_options(self.settings.retries, call, wait_s))
+        retrying = AsyncRetrying(**tenacity_options(policy, call, wait_s))
         return await retrying(self._attempt, call)
 
     async def _attempt(self, call: Call[T]) -> T:
@@ -188,6 +191,7 @@ class _AsyncHold(Holding):
         self._owner: asyncio.Task[Any] | None = None
         self._exiting = False
         self._cancelled_owner = False
+        self._took_back = False
         self._lost_event: asyncio.Event | None = None
 
 
@@ -220,15 +224,28 @@ class _AsyncHold(Holding):
         self._exiting = True  # from here on a loss never cancels the owner
         finishing = asyncio.ensure_future(self._finish())
         try:
-            await asyncio.shield(finishing)  # cancelled or not, the release goes on
+            while True:
+                try:
+                    await asyncio.shield(finishing)  # cancelled or not, the release goes on
+                    break
+                except asyncio.CancelledError:
+                    # Our own cancel_on_loss request may arrive only now (the body had
+                    # no await left); any other cancellation is the caller's.
+                    only_ours = self._owner_cancel_requests() == 1 and self._cancelled_owner
+                    self._take_back_cancellation()
+                    if not only_ours:
+                        raise
         finally:
             self._held = False
-            uncancelled = self._take_back_cancellation()
-        external_cancel = self._owner is not None and self._owner.cancelling() > 0
-        if uncancelled and isinstance(exc, asyncio.CancelledError) and not external_cancel:
+        self._take_back_cancellation()
+        external_cancel = self._owner_cancel_requests() > 0
+        if self._took_back and isinstance(exc, asyncio.CancelledError) and not external_cancel:
             raise self.lost_error() from None
         if self._should_raise_on_exit(exc is not None):
             raise self.lost_error()
+
+    def _owner_cancel_requests(self) -> int:
+        return self._owner.cancelling() if self._owner is not None else 0
 
     async def _finish(self) -> None:
         if self._keeper is not None:
@@ -236,16 +253,15 @@ class _AsyncHold(Holding):
             await asyncio.wait([self._keeper])
         await self._release_quietly()
 
-    def _take_back_cancellation(self) -> bool:
+    def _take_back_cancellation(self) -> None:
         if self._cancelled_owner and self._owner is not None:
             self._cancelled_owner = False
+            self._took_back = True
             self._owner.uncancel()
-            return True
-        return False
 
     async def _release_quietly(self) -> None:
         try:
-            await self._client._run(self._release_op())
+            await self._client._run(self._release_op(), RELEASE_RETRIES)
         except FencepostError as error:
             report_failure(self._what, error)
 

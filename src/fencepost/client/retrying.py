@@ -51,6 +51,10 @@ class Retries:
 
 
 NO_RETRIES = Retries(attempts=1)
+# Releasing on the way out of a block: try briefly. If the server cannot be
+# reached the lease ends at its TTL anyway (nothing renews it), and the caller's
+# code should not hang on its way out.
+RELEASE_RETRIES = Retries(attempts=3, budget_s=3.0, initial_s=0.1, max_backoff_s=1.0)
 
 
 def should_retry(call: Call[Any], error: BaseException) -> bool:

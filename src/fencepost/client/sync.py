@@ -20,7 +20,7 @@ from fencepost.client.keeper import Terms, keep_alive
 from fencepost.client.methods import Methods, SyncRunner
 from fencepost.client.models import OnExpiry
 from fencepost.client.operations import Op
-from fencepost.client.retrying import Retries, tenacity_options
+from fencepost.client.retrying import RELEASE_RETRIES, Retries, tenacity_options
 from fencepost.client.transport import Settings, reply_of, transport_error
 from fencepost.client.wire import Call, Sleep, raise_for_status
 from fencepost.errors import FencepostError, TransportError, UnexpectedResponse
@@ -94,14 +94,17 @@ class Client(Methods, SyncRunner):
         """Close the connections."""
         self._http.close()
 
-    def _run(self, program: Op[T]) -> T:
-        return drive(program, self._send)  # type: ignore[return-value]
+    def _run(self, program: Op[T], retries: Retries | None = None) -> T:
+        if retries is None:
+            return drive(program, self._send)  # type: ignore[return-value]
+        return drive(program, lambda call: self._send(call, retries))  # type: ignore[return-value]
 
-    def _send(self, call: Call[T]) -> T:
-        if not call.retry or self.settings.retries.attempts <= 1:
+    def _send(self, call: Call[T], retries: Retries | None = None) -> T:
+        policy = retries or self.settings.retries
+        if not call.retry or policy.attempts <= 1:
             return self._attempt(call)
         wait_s = call.wait.remaining_s(time.monotonic()) if call.wait else 0.0
-        retrying = Retrying(**tenacity_options(self.settings.retries, call, wait_s))
+        retrying = Retrying(**tenacity_options(policy, call, wait_s))
         result: T = retrying(self._attempt, call)
         return result
 
@@ -209,7 +212,7 @@ class _SyncHold(Holding):
 
     def _release_quietly(self) -> None:
         try:
-            self._client._run(self._release_op())
+            self._client._run(self._release_op(), RELEASE_RETRIES)
         except FencepostError as error:
             report_failure(self._what, error)
 

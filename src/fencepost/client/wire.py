@@ -58,6 +58,7 @@ class Wait:
     cap_s: float = MAX_LOCK_WAIT_S
 
     def remaining_s(self, now: float) -> float:
+        """Seconds of the wait left at `now`, capped at `cap_s`."""
         return max(0.0, min(self.cap_s, self.deadline - now))
 
 
@@ -100,6 +101,7 @@ class Call(Generic[T]):
         return base
 
     def all_headers(self) -> dict[str, str]:
+        """The call's headers plus its `X-Request-Id` (the same on every retry)."""
         return {"X-Request-Id": self.request_id, **self.headers}
 
 
@@ -144,6 +146,7 @@ def decode_as(model: type[M]) -> Callable[[Reply], M]:
 
 
 def parse_body(reply: Reply, model: type[M]) -> M:
+    """The JSON body as `model`; an unreadable body is `UnexpectedResponse`."""
     try:
         return msgspec.json.decode(reply.content, type=model)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -169,6 +172,7 @@ def decode_flag(name: str) -> Callable[[Reply], bool]:
 
 
 def parse_json(reply: Reply) -> Any:
+    """The JSON body as builtins; a body that is not JSON is `UnexpectedResponse`."""
     try:
         return json.loads(reply.content)
     except ValueError:
@@ -178,6 +182,7 @@ def parse_json(reply: Reply) -> Any:
 
 
 def header_int(headers: Mapping[str, str], name: str) -> int | None:
+    """A response header holding a whole number, or None."""
     value = headers.get(name)
     if value is None or not value.strip().isdigit():
         return None
@@ -241,5 +246,6 @@ def _error_from_body(reply: Reply) -> FencepostError:
 
 
 def raise_for_status(reply: Reply) -> None:
+    """Raise the error class the server meant for any non-2xx answer."""
     if not 200 <= reply.status < 300:
         raise error_from_reply(reply)

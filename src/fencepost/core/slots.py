@@ -33,12 +33,6 @@ class Slot:
     request_deadline_ms: int
 
 
-def effective_limit(config: PoolConfig) -> int:
-    """How many slots may be held now. The adaptive governor will lower it;
-    until then it is the configured limit."""
-    return config.limit
-
-
 def is_live(slot: Slot, now_ms: int) -> bool:
     # lease_deadline never passes request_deadline, so one comparison covers both.
     return now_ms < slot.lease_deadline_ms
@@ -55,9 +49,9 @@ def new_slot(slot_id: str, pool: str, config: PoolConfig, now_ms: int) -> Slot:
     )
 
 
-def may_admit(config: PoolConfig, in_use: int, waiters_ahead: int) -> bool:
-    """A slot is given only while below the limit and to the head of the line."""
-    return in_use < effective_limit(config) and waiters_ahead == 0
+def may_admit(limit: int, in_use: int, waiters_ahead: int) -> bool:
+    """A slot is given only while below the (effective) limit and to the head of the line."""
+    return in_use < limit and waiters_ahead == 0
 
 
 def clamp_wait_ms(config: PoolConfig, wanted_ms: int, no_queue: bool) -> int:

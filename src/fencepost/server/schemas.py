@@ -196,6 +196,16 @@ class PoolStatsBody(msgspec.Struct):
     last_reported_at: At | None
 
 
+class LearnedState(msgspec.Struct):
+    """What an adaptive or rate-limited pool has learned from reported outcomes."""
+
+    limit: float
+    paused_until_at: At | None
+    rpm: int | None
+    window_reset_at: At | None
+    round_trip_ms: float | None
+
+
 class PoolState(msgspec.Struct):
     name: str
     limit: int
@@ -210,6 +220,8 @@ class PoolState(msgspec.Struct):
     in_use: int
     queued: int
     effective_limit: int
+    effective_rpm: int | None
+    learned: LearnedState
     stats: PoolStatsBody
 
 

@@ -37,6 +37,7 @@ class Attempt(Generic[T]):
     granted: T | None
     ticket: int | None = None
     refusal: FencepostError | None = None  # what to answer if the wait ends now
+    recheck_s: float | None = None  # when the refusal is known to end, if it is
 
 
 @dataclass(order=True, slots=True)
@@ -137,7 +138,8 @@ async def wait_in_line(
             if remaining <= 0:
                 raise on_timeout(attempt)
             parked.wake.clear()
-            await _wait_any(parked, disconnected, room.closing, min(remaining, RECHECK_S))
+            pause = min(remaining, RECHECK_S, attempt.recheck_s or RECHECK_S)
+            await _wait_any(parked, disconnected, room.closing, max(pause, 0.005))
             if disconnected.is_set():
                 raise ClientGone()
             if room.closing.is_set():

@@ -10,8 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
+from fencepost.core.governor import GovernorState
 from fencepost.core.keys import Role
 from fencepost.core.leases import AcquireRequest, Busy, Granted, Lease
+from fencepost.core.ratelimit_headers import RateLimitInfo
 from fencepost.core.slots import PoolConfig, Slot
 
 
@@ -102,6 +104,8 @@ class PoolView:
     effective_limit: int
     stats: PoolStats
     now_ms: int
+    governor: GovernorState  # what the pool has learned (SPEC §4.5)
+    effective_rpm: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +127,8 @@ class SlotReport:
     status: int | None = None
     throttled: int | None = None
     retry_after_ms: int | None = None
-    report_json: str | None = None  # the whole report, kept for the governor
+    rate: RateLimitInfo | None = None  # `rate` merged over the parsed `headers`
+    report_json: str | None = None  # the whole report, as sent
 
 
 class Store(Protocol):

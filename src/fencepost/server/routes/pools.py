@@ -12,6 +12,7 @@ from starlette.responses import Response
 
 from fencepost.core import slots as rules
 from fencepost.core.keys import Role
+from fencepost.core.ratelimit_headers import RateLimitInfo, merge, parse_rate_limit_headers
 from fencepost.core.slots import PoolConfig, Slot
 from fencepost.core.timefmt import format_at
 from fencepost.errors import (
@@ -35,14 +36,14 @@ from fencepost.server.waiting import (
     wait_in_line,
     watching_disconnect,
 )
-from fencepost.store.base import PoolView, SlotAttempt, SlotReport
+from fencepost.store.base import PoolView, SlotAttempt, SlotReport, Store
 
 _SLOT_ID = re.compile(r"slot_[A-Za-z0-9_-]{16,64}")
 _FALSE_WORDS = {"0", "false", "no", "off"}
 
 
 def pool_state(view: PoolView) -> schemas.PoolState:
-    c, s = view.config, view.stats
+    c, s, g = view.config, view.stats, view.governor
     return schemas.PoolState(
         name=view.name, limit=c.limit, queue_size=c.queue_size,
         queue_timeout_ms=c.queue_timeout_ms, term_ms=c.term_ms,
@@ -50,6 +51,15 @@ def pool_state(view: PoolView) -> schemas.PoolState:
         request_timeout_ms=c.request_timeout_ms, rpm=c.rpm, adaptive=c.adaptive,
         min_limit=c.min_limit, in_use=view.in_use, queued=view.queued,
         effective_limit=view.effective_limit,
+        effective_rpm=view.effective_rpm,
+        learned=schemas.LearnedState(
+            limit=round(g.limit, 3),
+            paused_until_at=format_at(g.paused_until_ms) if g.paused_until_ms > view.now_ms
+            else None,
+            rpm=g.learned_rpm,
+            window_reset_at=format_at(g.window_reset_ms),
+            round_trip_ms=None if g.hold_ms is None else round(g.hold_ms, 1),
+        ),
         stats=schemas.PoolStatsBody(
             released=s.released, reclaimed=s.reclaimed, statuses=s.statuses,
             status_429=s.status_429, throttled=s.throttled,
@@ -146,8 +156,10 @@ def _wanted_wait_ms(request: Request, body: bytes) -> tuple[int, bool]:
 
 
 def _too_many(attempt: SlotAttempt) -> TooManyRequests:
+    full = attempt.in_use >= attempt.effective_limit
     return TooManyRequests(
-        f"All {attempt.effective_limit} slots are in use.",
+        f"All {attempt.effective_limit} slots are in use." if full
+        else "The pool is pausing admissions (upstream retry hint or rate limit).",
         retry_after_ms=attempt.retry_after_ms,
         in_use=attempt.in_use,
         effective_limit=attempt.effective_limit,
@@ -157,7 +169,10 @@ def _too_many(attempt: SlotAttempt) -> TooManyRequests:
 def _attempt(result: SlotAttempt) -> Attempt[SlotAttempt]:
     if result.slot is not None:
         return Attempt(result)
-    return Attempt(None, result.ticket, _too_many(result))
+    # Re-check when the refusal is known to end (a pause, the rate window, a
+    # slot's hard cap), without waiting for the periodic re-check.
+    recheck = None if result.retry_after_ms is None else result.retry_after_ms / 1000
+    return Attempt(None, result.ticket, _too_many(result), recheck)
 
 
 async def acquire(request: Request) -> Response:
@@ -282,6 +297,21 @@ async def renew(request: Request) -> Response:
     return json_response(200, schemas.SlotRenewal(lease_deadline=slot.lease_deadline_ms))
 
 
+async def _reported_rate(store: Store, body: schemas.ReleaseSlotBody) -> RateLimitInfo | None:
+    """The upstream's rate-limit state: `rate` fields win over parsed `headers`."""
+    explicit = None
+    if body.rate is not None:
+        r = body.rate
+        explicit = RateLimitInfo(
+            request_limit=r.limit, request_remaining=r.remaining, request_reset_ms=r.reset_ms,
+            token_limit=r.token_limit, token_remaining=r.token_remaining,
+            token_reset_ms=r.token_reset_ms,
+        )
+    parsed = parse_rate_limit_headers(body.headers or {}, await store.now_ms())
+    merged = merge(explicit, parsed)
+    return None if merged.is_empty() else merged
+
+
 @endpoint
 async def release(request: Request) -> Response:
     svc = services(request)
@@ -295,6 +325,7 @@ async def release(request: Request) -> Response:
             status=parsed.status,
             throttled=parsed.throttled,
             retry_after_ms=parsed.retry_after_ms,
+            rate=await _reported_rate(svc.store, parsed),
             report_json=msgspec.json.encode(parsed).decode(),
         )
     released = await svc.store.release_slot(principal.project, pool, _slot_id(request), report)

@@ -1,12 +1,15 @@
 """Pool and slot statements (portable SQL, `?` placeholders); each runs inside
-the batch transaction (see batch.py)."""
+the batch transaction (see batch.py), which makes count-then-admit atomic."""
 
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
 from typing import Any
 
+from fencepost.core import governor as gov
 from fencepost.core import slots as rules
+from fencepost.core.governor import GovernorState, Outcome
 from fencepost.core.slots import PoolConfig, Slot
 from fencepost.errors import NotFound
 from fencepost.store.base import PoolStats, PoolView, SlotAttempt, SlotReport, pool_freed
@@ -16,11 +19,38 @@ _CONFIG_COLUMNS = (
     "slot_limit, queue_size, queue_timeout_ms, term_ms, renew_interval_ms, "
     "request_timeout_ms, rpm, adaptive, min_limit"
 )
+_GOVERNOR_COLUMNS = (
+    "gov_limit, gov_plateau, gov_last_decrease_ms, gov_hold_ms, paused_until_ms, "
+    "learned_rpm, window_reset_ms"
+)
 _STATS_COLUMNS = (
     "released, reclaimed, status_1xx, status_2xx, status_3xx, status_4xx, status_5xx, "
     "status_429, throttled, last_retry_after_ms, last_reported_ms"
 )
 _SLOT_COLUMNS = "slot_id, pool, acquired_ms, lease_deadline_ms, request_deadline_ms"
+RPM_WINDOW_MS = 60_000
+
+
+@dataclass(frozen=True, slots=True)
+class _Pool:
+    """A pool's configuration and what it has learned, read together."""
+
+    config: PoolConfig
+    governor: GovernorState
+
+    @property
+    def learns_rate(self) -> bool:
+        # Pools that opted in (adaptive, or given a rate) learn from reports.
+        return self.config.adaptive or self.config.rpm is not None
+
+    @property
+    def limit(self) -> int:
+        c = self.config
+        return gov.effective_limit(self.governor, c.limit, c.min_limit, c.adaptive)
+
+    @property
+    def rpm(self) -> int | None:
+        return gov.effective_rpm(self.config.rpm, self.governor) if self.learns_rate else None
 
 
 def new_slot_id() -> str:
@@ -33,6 +63,18 @@ def _config(row: Any) -> PoolConfig:
         limit=row[0], queue_size=row[1], queue_timeout_ms=row[2], term_ms=row[3],
         renew_interval_ms=row[4], request_timeout_ms=row[5], rpm=row[6],
         adaptive=bool(row[7]), min_limit=row[8],
+    )
+
+
+def _governor(row: Any, config: PoolConfig) -> GovernorState:
+    return GovernorState(
+        limit=float(row[0]) if row[0] is not None else float(config.limit),
+        plateau=row[1],
+        last_decrease_ms=row[2],
+        hold_ms=row[3],
+        paused_until_ms=row[4],
+        learned_rpm=row[5],
+        window_reset_ms=row[6],
     )
 
 
@@ -52,13 +94,15 @@ def _slot(row: Any) -> Slot:
     return Slot(row[0], row[1], row[2], row[3], row[4])
 
 
-def load_config(tx: Tx, project: str, pool: str) -> PoolConfig:
+def load(tx: Tx, project: str, pool: str) -> _Pool:
     row = tx.execute(
-        f"SELECT {_CONFIG_COLUMNS} FROM pools WHERE project = ? AND name = ?", (project, pool)
+        f"SELECT {_CONFIG_COLUMNS}, {_GOVERNOR_COLUMNS} FROM pools WHERE project = ? AND name = ?",
+        (project, pool),
     ).fetchone()
     if row is None:
         raise NotFound(f"No pool named {pool!r}.")
-    return _config(row)
+    config = _config(row[:9])
+    return _Pool(config, _governor(row[9:], config))
 
 
 def in_use(tx: Tx, project: str, pool: str) -> int:
@@ -79,21 +123,23 @@ def waiters(tx: Tx, project: str, pool: str, before_ticket: int | None = None) -
 
 
 def view(tx: Tx, project: str, pool: str) -> PoolView | None:
-    row = tx.execute(
-        f"SELECT {_CONFIG_COLUMNS}, {_STATS_COLUMNS} FROM pools WHERE project = ? AND name = ?",
-        (project, pool),
-    ).fetchone()
-    if row is None:
+    try:
+        state = load(tx, project, pool)
+    except NotFound:
         return None
-    config = _config(row[:9])
+    row = tx.execute(
+        f"SELECT {_STATS_COLUMNS} FROM pools WHERE project = ? AND name = ?", (project, pool)
+    ).fetchone()
     return PoolView(
         name=pool,
-        config=config,
+        config=state.config,
         in_use=in_use(tx, project, pool),
         queued=waiters(tx, project, pool),
-        effective_limit=rules.effective_limit(config),
-        stats=_stats(row[9:]),
+        effective_limit=state.limit,
+        stats=_stats(row),
         now_ms=tx.now_ms,
+        governor=state.governor,
+        effective_rpm=state.rpm,
     )
 
 
@@ -103,8 +149,9 @@ def put(tx: Tx, project: str, pool: str, config: PoolConfig) -> tuple[PoolView, 
         config.renew_interval_ms, config.request_timeout_ms, config.rpm, int(config.adaptive),
         config.min_limit,
     )
-    # Contract: replacing a configuration keeps the pool's slots and statistics;
-    # a raised limit may admit waiters at once, so all of them re-check.
+    # Contract: replacing a configuration keeps the pool's slots, statistics and
+    # learned state (clamped by the new bounds when read); a raised limit may
+    # admit waiters at once, so all of them re-check.
     updated = tx.execute(
         "UPDATE pools SET slot_limit = ?, queue_size = ?, queue_timeout_ms = ?, term_ms = ?, "
         "renew_interval_ms = ?, request_timeout_ms = ?, rpm = ?, adaptive = ?, min_limit = ?, "
@@ -133,56 +180,82 @@ def list_views(tx: Tx, project: str, prefix: str, after: str | None, limit: int)
 
 
 def delete(tx: Tx, project: str, pool: str) -> bool:
-    gone = tx.execute(
-        "DELETE FROM pools WHERE project = ? AND name = ?", (project, pool)
-    ).rowcount
+    gone = tx.execute("DELETE FROM pools WHERE project = ? AND name = ?", (project, pool)).rowcount
     if not gone:
         return False
     tx.execute("DELETE FROM slots WHERE project = ? AND pool = ?", (project, pool))
     tx.execute("DELETE FROM slot_waiters WHERE project = ? AND pool = ?", (project, pool))
+    tx.execute("DELETE FROM pool_admissions WHERE project = ? AND pool = ?", (project, pool))
     # Every waiter re-checks, finds the pool gone and answers 404.
     tx.events.append(pool_freed(project, pool, wake_all=True))
     return True
 
 
-def _refusal(tx: Tx, project: str, pool: str, config: PoolConfig, used: int) -> SlotAttempt:
-    deadlines = [
-        row[0]
-        for row in tx.execute(
-            "SELECT request_deadline_ms FROM slots WHERE project = ? AND pool = ? "
-            "AND lease_deadline_ms > ?",
-            (project, pool, tx.now_ms),
-        ).fetchall()
-    ]
-    return SlotAttempt(
-        None, None, used, rules.effective_limit(config),
-        rules.retry_after_ms(deadlines, tx.now_ms),
-    )
+# --- admission ---------------------------------------------------------------
 
 
-def _admit(tx: Tx, project: str, pool: str, config: PoolConfig, used: int) -> SlotAttempt:
-    slot = rules.new_slot(new_slot_id(), pool, config, tx.now_ms)
+def _rate_wait_ms(tx: Tx, project: str, pool: str, state: _Pool) -> int | None:
+    """How long until the pool may admit again by its pause and its rate."""
+    waits = [gov.pause_remaining_ms(state.governor, tx.now_ms)]
+    rpm = state.rpm
+    if rpm is not None:
+        row = tx.execute(
+            "SELECT COUNT(*), MIN(admitted_ms) FROM pool_admissions "
+            "WHERE project = ? AND pool = ? AND admitted_ms > ?",
+            (project, pool, tx.now_ms - RPM_WINDOW_MS),
+        ).fetchone()
+        waits.append(gov.rpm_wait_ms(int(row[0]), row[1], rpm, tx.now_ms))
+    found = [w for w in waits if w is not None]
+    return max(found) if found else None
+
+
+def _admit(tx: Tx, project: str, pool: str, state: _Pool, used: int) -> SlotAttempt:
+    slot = rules.new_slot(new_slot_id(), pool, state.config, tx.now_ms)
     tx.execute(
         f"INSERT INTO slots (project, {_SLOT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
         (project, slot.slot_id, pool, slot.acquired_ms, slot.lease_deadline_ms,
          slot.request_deadline_ms),
     )
-    return SlotAttempt(slot, None, used + 1, rules.effective_limit(config))
+    if state.rpm is not None:
+        tx.execute(
+            "INSERT INTO pool_admissions (project, pool, admitted_ms) VALUES (?, ?, ?)",
+            (project, pool, tx.now_ms),
+        )
+    return SlotAttempt(slot, None, used + 1, state.limit)
+
+
+def _try_admit(
+    tx: Tx, project: str, pool: str, state: _Pool, waiters_ahead: int
+) -> SlotAttempt:
+    """Admit, or a refusal saying when to try again."""
+    used = in_use(tx, project, pool)
+    blocked_ms = _rate_wait_ms(tx, project, pool, state)
+    if blocked_ms is None and rules.may_admit(state.limit, used, waiters_ahead):
+        return _admit(tx, project, pool, state, used)
+    if blocked_ms is None:
+        deadlines = [
+            row[0]
+            for row in tx.execute(
+                "SELECT request_deadline_ms FROM slots WHERE project = ? AND pool = ? "
+                "AND lease_deadline_ms > ?",
+                (project, pool, tx.now_ms),
+            ).fetchall()
+        ]
+        blocked_ms = rules.retry_after_ms(deadlines, tx.now_ms)
+    return SlotAttempt(None, None, used, state.limit, blocked_ms)
 
 
 def acquire(tx: Tx, project: str, pool: str, wait_alive_ms: int | None) -> SlotAttempt:
     # Contract: counting live slots and inserting the new one happen in one
     # transaction, so no more than `limit` slots are ever live (SPEC §7.5).
-    config = load_config(tx, project, pool)
-    used = in_use(tx, project, pool)
+    state = load(tx, project, pool)
     queued = waiters(tx, project, pool)
-    if rules.may_admit(config, used, queued):
-        return _admit(tx, project, pool, config, used)
-    refusal = _refusal(tx, project, pool, config, used)
-    if wait_alive_ms is None or queued >= config.queue_size:
-        return refusal
+    attempt = _try_admit(tx, project, pool, state, queued)
+    if attempt.slot is not None or wait_alive_ms is None or queued >= state.config.queue_size:
+        return attempt
     ticket = _join_line(tx, project, pool, wait_alive_ms)
-    return SlotAttempt(None, ticket, used, refusal.effective_limit, refusal.retry_after_ms)
+    return SlotAttempt(None, ticket, attempt.in_use, attempt.effective_limit,
+                       attempt.retry_after_ms)
 
 
 def _join_line(tx: Tx, project: str, pool: str, alive_ms: int) -> int:
@@ -195,27 +268,29 @@ def _join_line(tx: Tx, project: str, pool: str, alive_ms: int) -> int:
 
 
 def retry_waiter(tx: Tx, project: str, pool: str, ticket: int, alive_ms: int) -> SlotAttempt:
-    config = load_config(tx, project, pool)  # NotFound once the pool is deleted
+    state = load(tx, project, pool)  # NotFound once the pool is deleted
     refreshed = tx.execute(
         "UPDATE slot_waiters SET alive_until_ms = ? WHERE ticket = ?",
         (tx.now_ms + alive_ms, ticket),
     ).rowcount
     if not refreshed:  # dropped as dead (e.g. a stalled loop): rejoin at the back
         ticket = _join_line(tx, project, pool, alive_ms)
-    used = in_use(tx, project, pool)
-    if rules.may_admit(config, used, waiters(tx, project, pool, before_ticket=ticket)):
-        tx.execute("DELETE FROM slot_waiters WHERE ticket = ?", (ticket,))
-        admitted = _admit(tx, project, pool, config, used)
-        if admitted.in_use < admitted.effective_limit:
-            tx.events.append(pool_freed(project, pool))  # room for the next in line too
-        return admitted
-    refusal = _refusal(tx, project, pool, config, used)
-    return SlotAttempt(None, ticket, used, refusal.effective_limit, refusal.retry_after_ms)
+    attempt = _try_admit(tx, project, pool, state, waiters(tx, project, pool, ticket))
+    if attempt.slot is None:
+        return SlotAttempt(None, ticket, attempt.in_use, attempt.effective_limit,
+                           attempt.retry_after_ms)
+    tx.execute("DELETE FROM slot_waiters WHERE ticket = ?", (ticket,))
+    if attempt.in_use < attempt.effective_limit:
+        tx.events.append(pool_freed(project, pool))  # room for the next in line too
+    return attempt
 
 
 def leave_line(tx: Tx, project: str, pool: str, ticket: int) -> None:
     if tx.execute("DELETE FROM slot_waiters WHERE ticket = ?", (ticket,)).rowcount:
         tx.events.append(pool_freed(project, pool))
+
+
+# --- renew and release -----------------------------------------------------------
 
 
 def _own_slot(tx: Tx, project: str, pool: str, slot_id: str) -> Slot | None:
@@ -232,8 +307,8 @@ def _own_slot(tx: Tx, project: str, pool: str, slot_id: str) -> Slot | None:
 
 
 def renew(tx: Tx, project: str, pool: str, slot_id: str) -> Slot:
-    config = load_config(tx, project, pool)
-    renewed = rules.renew(_own_slot(tx, project, pool, slot_id), config, tx.now_ms)
+    state = load(tx, project, pool)
+    renewed = rules.renew(_own_slot(tx, project, pool, slot_id), state.config, tx.now_ms)
     tx.execute(
         "UPDATE slots SET lease_deadline_ms = ? WHERE slot_id = ?",
         (renewed.lease_deadline_ms, slot_id),
@@ -242,7 +317,7 @@ def renew(tx: Tx, project: str, pool: str, slot_id: str) -> Slot:
 
 
 def release(tx: Tx, project: str, pool: str, slot_id: str, report: SlotReport | None) -> bool:
-    load_config(tx, project, pool)
+    state = load(tx, project, pool)
     slot = _own_slot(tx, project, pool, slot_id)
     if slot is None:
         return False
@@ -252,32 +327,60 @@ def release(tx: Tx, project: str, pool: str, slot_id: str, report: SlotReport | 
         _count_reclaimed(tx, project, pool, 1)
         return False
     _record_release(tx, project, pool, report)
+    if report is not None:
+        _learn(tx, project, pool, state, report, tx.now_ms - slot.acquired_ms)
     tx.events.append(pool_freed(project, pool))
     return True
+
+
+def _learn(
+    tx: Tx, project: str, pool: str, state: _Pool, report: SlotReport, hold_ms: int
+) -> None:
+    """Feed the reported outcome to the governor; its new state is shared by every
+    server through this row."""
+    outcome = Outcome(
+        status=report.status,
+        throttled=report.throttled or 0,
+        retry_after_ms=report.retry_after_ms,
+        rate=report.rate,
+        hold_ms=hold_ms,
+    )
+    learned = gov.on_report(
+        state.governor, outcome, tx.now_ms, configured=state.config.limit,
+        min_limit=state.config.min_limit, adaptive=state.config.adaptive,
+        learns_rate=state.learns_rate,
+    )
+    if learned == state.governor:
+        return
+    tx.execute(
+        "UPDATE pools SET gov_limit = ?, gov_plateau = ?, gov_last_decrease_ms = ?, "
+        "gov_hold_ms = ?, paused_until_ms = ?, learned_rpm = ?, window_reset_ms = ? "
+        "WHERE project = ? AND name = ?",
+        (learned.limit, learned.plateau, learned.last_decrease_ms, learned.hold_ms,
+         learned.paused_until_ms, learned.learned_rpm, learned.window_reset_ms, project, pool),
+    )
+    if learned.limit > state.governor.limit or learned.paused_until_ms < tx.now_ms:
+        tx.events.append(pool_freed(project, pool))
 
 
 def _record_release(tx: Tx, project: str, pool: str, report: SlotReport | None) -> None:
     # Counted once per slot (a repeated release finds no slot), so statistics
     # are not inflated by retries.
-    status_column = None
-    if report is not None and report.status is not None:
-        status_column = f"status_{rules.status_class(report.status)}"
     sets = ["released = released + 1"]
     args: list[Any] = []
-    if status_column is not None:
-        sets.append(f"{status_column} = {status_column} + 1")
-        if report is not None and report.status == 429:
-            sets.append("status_429 = status_429 + 1")
     if report is not None:
+        if report.status is not None:
+            column = f"status_{rules.status_class(report.status)}"
+            sets.append(f"{column} = {column} + 1")
+            if report.status == 429:
+                sets.append("status_429 = status_429 + 1")
         sets.append("throttled = throttled + ?")
         args.append(report.throttled or 0)
         if report.retry_after_ms is not None:
             sets.append("last_retry_after_ms = ?")
             args.append(report.retry_after_ms)
-        sets.append("last_report = ?")
-        args.append(report.report_json)
-        sets.append("last_reported_ms = ?")
-        args.append(tx.now_ms)
+        sets += ["last_report = ?", "last_reported_ms = ?"]
+        args += [report.report_json, tx.now_ms]
     tx.execute(
         f"UPDATE pools SET {', '.join(sets)} WHERE project = ? AND name = ?",
         (*args, project, pool),
@@ -292,7 +395,8 @@ def _count_reclaimed(tx: Tx, project: str, pool: str, count: int) -> None:
 
 
 def reap(tx: Tx) -> int:
-    """Reclaim slots past their lease deadline and drop dead waiters."""
+    """Reclaim slots past their lease deadline, drop dead waiters, forget
+    admissions older than the rate window, and wake pools whose pause ended."""
     dead = tx.execute(
         "DELETE FROM slots WHERE lease_deadline_ms <= ? RETURNING project, pool",
         (tx.now_ms,),
@@ -309,4 +413,5 @@ def reap(tx: Tx) -> int:
     ).fetchall()
     for project, pool in {(p, n) for p, n in gone}:
         tx.events.append(pool_freed(project, pool))
+    tx.execute("DELETE FROM pool_admissions WHERE admitted_ms <= ?", (tx.now_ms - RPM_WINDOW_MS,))
     return len(dead)

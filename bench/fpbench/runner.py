@@ -1,0 +1,193 @@
+"""One benchmark run: start each system, run every workload against it, stop it, report."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from fpbench import loadgen, machine, pylatency, report, tools
+from fpbench.systems import DEFAULT_PG_ADMIN_URL, Skipped, System, make_systems, venv_python
+
+ALL_SYSTEMS = ["fencepost-sqlite", "fencepost-postgresql", "etcd", "redis"]
+ALIASES = {
+    "sqlite": "fencepost-sqlite", "fencepost-sqlite": "fencepost-sqlite",
+    "postgresql": "fencepost-postgresql", "postgres": "fencepost-postgresql",
+    "pg": "fencepost-postgresql", "fencepost-postgresql": "fencepost-postgresql",
+    "etcd": "etcd", "redis": "redis",
+}
+WORKLOADS = {
+    "a": "acquire+release cycles on fresh random keys",
+    "b": "renewals of held leases (one lease per connection)",
+    "c": "one hot key contended by every connection (fail-fast)",
+    "d": "pool slot acquire+release",
+}
+BASELINE = "fencepost-sqlite"
+DEFAULT_RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
+
+
+@dataclass
+class Row:
+    """One system on one workload: measured, or why not."""
+
+    system: str
+    workload: str
+    status: str  # "ok", "skipped", "n/a", "failed"
+    reason: str = ""
+    ops_per_s: float = 0.0
+    p50_ms: float = 0.0
+    p90_ms: float = 0.0
+    p99_ms: float = 0.0
+    max_ms: float = 0.0
+    requests: int = 0
+    unexpected: int = 0
+    socket_errors: int = 0
+    granted: int = 0
+    denied: int = 0
+    server_cpu_us_per_op: float = 0.0
+    client_cpu_us_per_op: float = 0.0
+    other_load_pct: float = 0.0
+    loader: str = ""
+    samples: list[str] = field(default_factory=list)
+
+    @property
+    def grant_share(self) -> float | None:
+        tries = self.granted + self.denied
+        return self.granted / tries if tries else None
+
+
+def resolve_systems(only: list[str] | None) -> list[str]:
+    if not only:
+        return list(ALL_SYSTEMS)
+    names = []
+    for raw in only:
+        name = ALIASES.get(raw.strip().lower())
+        if name is None:
+            raise ValueError(f"unknown system {raw!r}; choose from {', '.join(sorted(ALIASES))}")
+        if name not in names:
+            names.append(name)
+    return [name for name in ALL_SYSTEMS if name in names]
+
+
+def _load(system: System, workload: str, seconds: int, connections: int,
+          install: bool) -> tuple[loadgen.LoadResult, str]:
+    nonce = uuid.uuid4().hex[:10]
+    env = {"BENCH_NONCE": nonce, **system.loader_env(workload, connections, nonce)}
+    if system.protocol == "redis":
+        shas = getattr(system, "shas")
+        return (loadgen.redisload(system.port, workload, seconds, connections, nonce, shas,
+                                  install), "redisload (bench/redisload.c)")
+    kind = "etcd" if system.name == "etcd" else "fencepost"
+    return (loadgen.wrk(system.base_url, kind, workload, seconds, connections, env),
+            f"wrk -t{connections} -c{connections}")
+
+
+def _measure(system: System, workload: str, seconds: int, connections: int, warmup: int,
+             install: bool) -> Row:
+    if warmup > 0:
+        _load(system, workload, warmup, connections, install)
+    cpu0, busy0 = system.cpu_seconds(), machine.cpu_busy_seconds()
+    result, loader = _load(system, workload, seconds, connections, install)
+    server_cpu = system.cpu_seconds() - cpu0
+    busy = machine.cpu_busy_seconds() - busy0
+    ops = max(result.requests, 1)
+    capacity = (os.cpu_count() or 1) * result.seconds
+    other = max(0.0, busy - server_cpu - result.client_cpu_s)
+    return Row(
+        system=system.name, workload=workload, status="ok", ops_per_s=result.ops_per_s,
+        p50_ms=result.p50_us / 1000, p90_ms=result.p90_us / 1000, p99_ms=result.p99_us / 1000,
+        max_ms=result.max_us / 1000, requests=result.requests, unexpected=result.unexpected,
+        socket_errors=result.socket_errors, granted=result.granted, denied=result.denied,
+        server_cpu_us_per_op=1e6 * server_cpu / ops,
+        client_cpu_us_per_op=1e6 * result.client_cpu_s / ops,
+        other_load_pct=100 * other / capacity if capacity else 0.0,
+        loader=loader, samples=result.samples)
+
+
+def run_benchmark(
+    seconds: int = 10,
+    connections: int = 64,
+    only: list[str] | None = None,
+    workloads: list[str] | None = None,
+    warmup: int = 2,
+    python_seconds: float = 3.0,
+    results_dir: Path | str | None = None,
+    install: bool = True,
+    pg_admin_url: str = DEFAULT_PG_ADMIN_URL,
+    say: Callable[[str], None] = print,
+) -> dict:
+    """Run the benchmark, write results/<timestamp>.{json,md} and latest.md; return the run."""
+    names = resolve_systems(only)
+    chosen = [w for w in (workloads or list(WORKLOADS)) if w in WORKLOADS]
+    if not chosen:
+        raise ValueError(f"no known workload in {workloads}; choose from {', '.join(WORKLOADS)}")
+    if seconds < 1:
+        raise ValueError("--seconds must be at least 1 (wrk counts whole seconds)")
+    started = dt.datetime.now(dt.timezone.utc)
+    python = venv_python()
+    wrk_missing = tools.ensure("wrk", install=install) is None
+    info = machine.describe(python)
+    rows: list[Row] = []
+    latencies: list[dict] = []
+    versions: dict[str, str] = {}
+    notes: dict[str, list[str]] = {}
+    for system in make_systems(names, pg_admin_url, install):
+        if wrk_missing and system.protocol == "http":
+            rows += [Row(system.name, w, "skipped", "skipped: wrk not installed") for w in chosen]
+            continue
+        say(f"== {system.name}")
+        done: set[str] = set()
+        try:
+            with tempfile.TemporaryDirectory(prefix=f"fpbench-{system.name}-") as tmp, \
+                    system.running(Path(tmp)):
+                versions[system.name] = system.version
+                for workload in chosen:
+                    why_not = system.supports(workload)
+                    if why_not:
+                        rows.append(Row(system.name, workload, "n/a", why_not))
+                    else:
+                        say(f"   ({workload}) {WORKLOADS[workload]}: {seconds} s ...")
+                        try:
+                            row = _measure(system, workload, seconds, connections, warmup,
+                                           install)
+                        except (loadgen.LoadError, RuntimeError, OSError) as exc:
+                            row = Row(system.name, workload, "failed", str(exc)[:500])
+                        rows.append(row)
+                        say("       " + report.one_line(row))
+                    done.add(workload)
+                if python_seconds > 0:
+                    for lat in pylatency.measure(system, python_seconds, uuid.uuid4().hex[:10]):
+                        latencies.append({"system": system.name, **asdict(lat),
+                                          "cycles_per_s": lat.cycles_per_s})
+                        say(f"   python: {report.latency_line(latencies[-1])}")
+        except Skipped as exc:
+            say(f"   {exc}")
+            rows += [Row(system.name, w, "skipped", str(exc)) for w in chosen if w not in done]
+        except (RuntimeError, OSError) as exc:
+            say(f"   failed: {exc}")
+            rows += [Row(system.name, w, "failed", str(exc)[:500])
+                     for w in chosen if w not in done]
+        notes[system.name] = list(system.notes)
+    info["load_average_at_end"] = machine.load_average()
+    info["versions"] = versions  # type: ignore[assignment]
+    run = {
+        "started_at": started.isoformat(timespec="seconds"),
+        "seconds": seconds, "connections": connections, "warmup_seconds": warmup,
+        "systems": names, "workloads": {w: WORKLOADS[w] for w in chosen},
+        "baseline": BASELINE, "machine": info, "notes": notes,
+        "results": [{**asdict(r), "grant_share": r.grant_share} for r in rows],
+        "python_latency": latencies,
+        "targets": report.targets(rows),
+    }
+    files = report.write(run, Path(results_dir or DEFAULT_RESULTS_DIR), started)
+    run["files"] = [str(f) for f in files]
+    say("")
+    say(report.text_table(run))
+    say("")
+    say("written: " + ", ".join(run["files"]))
+    return run
