@@ -168,7 +168,7 @@ def run_benchmark(
         except Skipped as exc:
             say(f"   {exc}")
             rows += [Row(system.name, w, "skipped", str(exc)) for w in chosen if w not in done]
-        except (RuntimeError, OSError) as exc:
+        except Exception as exc:  # noqa: BLE001 - one broken system must not end the run
             say(f"   failed: {exc}")
             rows += [Row(system.name, w, "failed", str(exc)[:500])
                      for w in chosen if w not in done]

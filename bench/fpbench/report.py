@@ -1,0 +1,211 @@
+"""Tables (terminal and Markdown), the issue-7 targets, and the result files."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+SYSTEM_ORDER = ["fencepost-sqlite", "fencepost-postgresql", "etcd", "redis"]
+BASELINE = "fencepost-sqlite"
+DURABILITY = {
+    "fencepost-sqlite": "fsync (synchronous=FULL, group commit) before every 2xx",
+    "fencepost-postgresql": "PostgreSQL commit (fsync, default settings) before every 2xx",
+    "etcd": "raft WAL fsync before every txn answer; lease keepalives are not written",
+    "redis": "appendfsync everysec: up to ~1 s of acknowledged writes can be lost",
+}
+
+
+def _get(row: Any, name: str) -> Any:
+    return row[name] if isinstance(row, dict) else getattr(row, name)
+
+
+def _share(row: Any) -> float | None:
+    tries = _get(row, "granted") + _get(row, "denied")
+    return _get(row, "granted") / tries if tries else None
+
+
+def one_line(row: Any) -> str:
+    if _get(row, "status") != "ok":
+        return f"{_get(row, 'status')}: {_get(row, 'reason')}"
+    text = (f"{_get(row, 'ops_per_s'):.0f} ops/s, p50 {_get(row, 'p50_ms'):.2f} ms, "
+            f"p99 {_get(row, 'p99_ms'):.2f} ms, server CPU "
+            f"{_get(row, 'server_cpu_us_per_op'):.0f} us/op")
+    share = _share(row)
+    if share is not None:
+        text += f", granted {100 * share:.1f} %"
+    if _get(row, "unexpected") or _get(row, "socket_errors"):
+        text += f", UNEXPECTED {_get(row, 'unexpected')} / socket errors " \
+                f"{_get(row, 'socket_errors')}"
+    return text
+
+
+def latency_line(lat: dict) -> str:
+    if lat["error"]:
+        return f"{lat['method']}: failed: {lat['error']}"
+    return (f"{lat['method']}: {lat['cycles_per_s']:.0f} cycles/s, p50 {lat['p50_ms']:.2f} ms, "
+            f"p99 {lat['p99_ms']:.2f} ms")
+
+
+def _rows(run: dict) -> list[dict]:
+    order = {name: i for i, name in enumerate(SYSTEM_ORDER)}
+    return sorted(run["results"], key=lambda r: (r["workload"], order.get(r["system"], 99)))
+
+
+def _baseline(run: dict, workload: str) -> float | None:
+    for row in run["results"]:
+        if row["system"] == BASELINE and row["workload"] == workload and row["status"] == "ok":
+            return float(row["ops_per_s"]) or None
+    return None
+
+
+def _cells(run: dict, row: dict) -> list[str]:
+    if row["status"] != "ok":
+        return [row["status"] if row["status"] != "skipped" else "skipped", "", "", "", "", "",
+                row["reason"]]
+    base = _baseline(run, row["workload"])
+    notes = []
+    share = _share(row)
+    if share is not None:
+        notes.append(f"granted {100 * share:.1f} %")
+    if row["unexpected"] or row["socket_errors"]:
+        notes.append(f"{row['unexpected']} unexpected answers, {row['socket_errors']} socket errors")
+    if row["other_load_pct"] >= 10:
+        notes.append(f"other load {row['other_load_pct']:.0f} %")
+    return [f"{row['ops_per_s']:.0f}", f"{row['p50_ms']:.2f}", f"{row['p99_ms']:.2f}",
+            f"{row['ops_per_s'] / base:.2f}x" if base else "-",
+            f"{row['server_cpu_us_per_op']:.0f}", f"{row['client_cpu_us_per_op']:.0f}",
+            "; ".join(notes)]
+
+
+HEADERS = ["workload", "system", "ops/s", "p50 ms", "p99 ms", "vs sqlite", "server CPU us/op",
+           "loader CPU us/op", "notes"]
+
+
+def text_table(run: dict) -> str:
+    lines = [[row["workload"], row["system"], *_cells(run, row)] for row in _rows(run)]
+    widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h)
+              for i, h in enumerate(HEADERS[:-1])]
+    out = ["  ".join(h.ljust(w) if i < 2 else h.rjust(w) for i, (h, w) in
+                     enumerate(zip(HEADERS[:-1], widths))) + "  notes"]
+    for line in lines:
+        out.append("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in
+                             enumerate(zip(line[:-1], widths))) + "  " + line[-1])
+    if run["python_latency"]:
+        out += ["", "one uncontended acquire+release from Python:"]
+        out += [f"  {lat['system']:22} {latency_line(lat)}" for lat in run["python_latency"]]
+    if run["targets"]:
+        out += ["", "issue 7 targets:"]
+        out += [f"  [{_mark(t['met'])}] {t['target']}: {t['measured']}" for t in run["targets"]]
+    return "\n".join(out)
+
+
+def _mark(met: bool | None) -> str:
+    return {True: "met", False: "NOT met", None: "n/a"}[met]
+
+
+def markdown_table(run: dict) -> str:
+    out = ["| workload | system | ops/s | p50 ms | p99 ms | vs sqlite | server CPU µs/op "
+           "| loader CPU µs/op | notes |", "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    for row in _rows(run):
+        out.append("| " + " | ".join([row["workload"], row["system"], *_cells(run, row)]) + " |")
+    return "\n".join(out)
+
+
+def markdown(run: dict) -> str:
+    m = run["machine"]
+    versions = ", ".join(f"{k} {v}" for k, v in m.get("versions", {}).items())
+    lines = [
+        f"# fencepost benchmark, {run['started_at']}",
+        "",
+        f"{run['connections']} connections, {run['seconds']} s per workload "
+        f"(after {run['warmup_seconds']} s of warm-up), every system started by "
+        "`bench/run.py` on 127.0.0.1 and measured one after another.",
+        "",
+        f"Machine: {m['nproc']} CPUs ({m['cpu']}), {m['memory']}, {m['os']}, kernel "
+        f"{m['kernel']}, Python {m['python']}, SQLite {m['sqlite']}, {m['wrk']}. "
+        f"Versions: {versions or '-'}. Load average {m['load_average_at_start']} at start, "
+        f"{m['load_average_at_end']} at end.",
+        "",
+        "Workloads: " + "; ".join(f"({k}) {v}" for k, v in run["workloads"].items()) + ". "
+        "ops = requests (HTTP) or commands (Redis): an acquire+release cycle is 2 ops. "
+        "p50/p99 are per operation. CPU columns are CPU time per op of the server "
+        "(for fencepost-postgresql including its PostgreSQL backends) and of the load "
+        "generator.",
+        "",
+        markdown_table(run),
+    ]
+    if run["python_latency"]:
+        lines += ["", "One uncontended acquire+release from Python, one at a time:", "",
+                  "| system | how | cycles/s | p50 ms | p99 ms |", "|---|---|---:|---:|---:|"]
+        for lat in run["python_latency"]:
+            if lat["error"]:
+                lines.append(f"| {lat['system']} | {lat['method']} | failed: {lat['error']} | | |")
+            else:
+                lines.append(f"| {lat['system']} | {lat['method']} | {lat['cycles_per_s']:.0f} "
+                             f"| {lat['p50_ms']:.2f} | {lat['p99_ms']:.2f} |")
+    if run["targets"]:
+        lines += ["", "Issue 7 targets:", ""]
+        lines += [f"- {_mark(t['met'])}: {t['target']} — {t['measured']}" for t in run["targets"]]
+    lines += ["", "Durability of an acknowledged write:", ""]
+    lines += [f"- {name}: {DURABILITY[name]}" for name in run["systems"] if name in DURABILITY]
+    return "\n".join(lines) + "\n"
+
+
+def _ok(rows: list[Any], system: str, workload: str) -> Any:
+    for row in rows:
+        if _get(row, "system") == system and _get(row, "workload") == workload \
+                and _get(row, "status") == "ok":
+            return row
+    return None
+
+
+def targets(rows: list[Any]) -> list[dict]:
+    """Issue 7: SQLite >= 3x etcd on (a) and (b) with p99 <= etcd's, >= 0.2x Redis;
+    PostgreSQL >= 1x etcd. Only targets whose rows were measured are listed."""
+    found = []
+    for workload in ("a", "b"):
+        sqlite = _ok(rows, "fencepost-sqlite", workload)
+        pg = _ok(rows, "fencepost-postgresql", workload)
+        etcd = _ok(rows, "etcd", workload)
+        redis = _ok(rows, "redis", workload)
+
+        def ops(row: Any) -> float:
+            return float(_get(row, "ops_per_s"))
+
+        if sqlite and etcd:
+            ratio = ops(sqlite) / ops(etcd)
+            found.append({
+                "target": f"({workload}) fencepost-sqlite >= 3x etcd ops/s",
+                "measured": f"{ratio:.2f}x ({ops(sqlite):.0f} vs {ops(etcd):.0f})",
+                "met": ratio >= 3})
+            found.append({
+                "target": f"({workload}) fencepost-sqlite p99 <= etcd p99",
+                "measured": f"{_get(sqlite, 'p99_ms'):.2f} ms vs {_get(etcd, 'p99_ms'):.2f} ms",
+                "met": _get(sqlite, "p99_ms") <= _get(etcd, "p99_ms")})
+        if sqlite and redis:
+            ratio = ops(sqlite) / ops(redis)
+            found.append({
+                "target": f"({workload}) fencepost-sqlite >= 0.2x Redis ops/s",
+                "measured": f"{ratio:.2f}x ({ops(sqlite):.0f} vs {ops(redis):.0f})",
+                "met": ratio >= 0.2})
+        if pg and etcd:
+            ratio = ops(pg) / ops(etcd)
+            found.append({
+                "target": f"({workload}) fencepost-postgresql >= 1x etcd ops/s",
+                "measured": f"{ratio:.2f}x ({ops(pg):.0f} vs {ops(etcd):.0f})",
+                "met": ratio >= 1})
+    return found
+
+
+def write(run: dict, results_dir: Path, started: dt.datetime) -> list[Path]:
+    results_dir.mkdir(parents=True, exist_ok=True)
+    stamp = started.strftime("%Y%m%dT%H%M%SZ")
+    json_path, md_path = results_dir / f"{stamp}.json", results_dir / f"{stamp}.md"
+    json_path.write_text(json.dumps(run, indent=2, default=str) + "\n")
+    md_path.write_text(markdown(run))
+    latest = results_dir / "latest.md"
+    shutil.copyfile(md_path, latest)
+    return [json_path, md_path, latest]
