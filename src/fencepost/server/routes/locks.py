@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import msgspec
@@ -13,19 +12,14 @@ from fencepost.core import leases as rules
 from fencepost.core.keys import Role
 from fencepost.core.leases import AcquireRequest, Granted, Lease, OnExpiry
 from fencepost.core.timefmt import format_at
-from fencepost.errors import FencepostError, LockHeld, ShuttingDown
+from fencepost.errors import FencepostError
 from fencepost.server import schemas
+from fencepost.server.attempts import AttemptLog, get_or_wait
 from fencepost.server.context import endpoint, path_name, request_id, services
 from fencepost.server.http import json_response, read_body, required_uuid_header
 from fencepost.server.listing import list_query
 from fencepost.server.validation import decode_body, invalid_field
-from fencepost.server.waiting import (
-    WAITER_ALIVE_MS,
-    Attempt,
-    ClientGone,
-    wait_in_line,
-    watching_disconnect,
-)
+from fencepost.server.waiting import WAITER_ALIVE_MS, Attempt, ClientGone
 from fencepost.store.base import AcquireResult, LockView
 
 
@@ -77,18 +71,10 @@ def _metadata_json(metadata: dict[str, Any] | None) -> str | None:
 async def acquire(request: Request) -> Response:
     """PUT /v1/locks/{key}/lease: every attempt is written to the access log."""
     svc = services(request)
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    log: dict[str, Any] = {
-        "lock": str(request.path_params.get("key", ""))[:200],
-        "request_id": request_id(request),
-        "project": None,
-        "key_id": None,
-    }
-    waited = False
+    log = AttemptLog(request, "lock.acquire", "key")
     try:
         principal = await svc.auth.authenticate(request, Role.MEMBER)
-        log.update(project=principal.project, key_id=principal.key_id)
+        log.fields.update(project=principal.project, key_id=principal.key_id)
         key = path_name(request, "key")
         token = required_uuid_header(request, "x-lock-token")
         required_uuid_header(request, "x-request-id")
@@ -100,23 +86,17 @@ async def acquire(request: Request) -> Response:
             metadata_json=_metadata_json(body.metadata),
             on_expiry=OnExpiry(body.on_expiry),
         )
-        waited = body.wait_seconds > 0
+        log.waited = body.wait_seconds > 0
         granted = await _acquire(request, principal.project, key, wanted, body.wait_seconds)
-    except ClientGone:
-        _log_attempt(svc, log, "disconnected", 499, started, loop)
+    except ClientGone as gone:
+        log.failed(gone)
         return Response(status_code=499)
-    except LockHeld as error:
-        _log_attempt(svc, log, "timeout" if waited else "held", 409, started, loop)
-        raise error
-    except ShuttingDown:
-        _log_attempt(svc, log, "shutdown", 503, started, loop)
-        raise
     except FencepostError as error:
-        _log_attempt(svc, log, "invalid", error.http_status, started, loop)
+        log.failed(error)
         raise
     status = 201 if granted.created else 200
-    log["fencing_token"] = granted.lease.fencing_token
-    _log_attempt(svc, log, "granted" if granted.created else "existing", status, started, loop)
+    log.write("granted" if granted.created else "existing", status,
+              fencing_token=granted.lease.fencing_token)
     return json_response(status, grant_body(granted.lease))
 
 
@@ -126,30 +106,20 @@ async def _acquire(
     store = services(request).store
     wait_alive_ms = WAITER_ALIVE_MS if wait_s > 0 else None
     first = _attempt(await store.acquire_lock(project, key, wanted, wait_alive_ms=wait_alive_ms))
-    if first.granted is not None:
-        return first.granted
-    if first.ticket is None:  # fail-fast
-        raise _held(first)
 
     async def retry(ticket: int) -> Attempt[Granted]:
-        return _attempt(
-            await store.retry_waiter(project, key, wanted, ticket, WAITER_ALIVE_MS)
-        )
+        return _attempt(await store.retry_waiter(project, key, wanted, ticket, WAITER_ALIVE_MS))
 
     async def leave(ticket: int) -> None:
         await store.leave_line(project, key, ticket)
 
-    async with watching_disconnect(request.receive) as disconnected:
-        granted = await wait_in_line(
-            services(request).waiters, ("lock", project, key), first, retry, leave,
-            wait_s, disconnected, _held,
-        )
-        await asyncio.sleep(0)  # let a disconnect that already arrived be seen
-        if disconnected.is_set() and granted.created:
-            # Never leave a lease with someone who is gone: hand it straight on.
+    async def hand_back(granted: Granted) -> None:
+        if granted.created:
             await store.release_lock(project, key, wanted.lock_token)
-            raise ClientGone()
-        return granted
+
+    return await get_or_wait(
+        request, ("lock", project, key), first, retry, leave, wait_s, _held, hand_back
+    )
 
 
 def _attempt(result: AcquireResult) -> Attempt[Granted]:
@@ -161,14 +131,6 @@ def _attempt(result: AcquireResult) -> Attempt[Granted]:
 def _held(attempt: Attempt[Granted]) -> FencepostError:
     assert attempt.refusal is not None
     return attempt.refusal
-
-
-def _log_attempt(
-    svc: Any, log: dict[str, Any], outcome: str, status: int, started: float,
-    loop: asyncio.AbstractEventLoop,
-) -> None:
-    waited_ms = int((loop.time() - started) * 1000)
-    svc.access_log.write("lock.acquire", outcome=outcome, status=status, waited_ms=waited_ms, **log)
 
 
 acquire_route = endpoint(acquire)

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
-from typing import Any
 
 import msgspec
 from starlette.requests import Request
@@ -20,22 +18,16 @@ from fencepost.errors import (
     InvalidRequest,
     NotFound,
     QueueTimeout,
-    ShuttingDown,
     TooManyRequests,
     ValidationError,
 )
 from fencepost.server import schemas
-from fencepost.server.context import endpoint, path_name, request_id, services
+from fencepost.server.attempts import AttemptLog, get_or_wait
+from fencepost.server.context import endpoint, path_name, services
 from fencepost.server.http import json_response, read_body
 from fencepost.server.listing import list_query
 from fencepost.server.validation import decode_body
-from fencepost.server.waiting import (
-    WAITER_ALIVE_MS,
-    Attempt,
-    ClientGone,
-    wait_in_line,
-    watching_disconnect,
-)
+from fencepost.server.waiting import WAITER_ALIVE_MS, Attempt, ClientGone
 from fencepost.store.base import PoolView, SlotAttempt, SlotReport, Store
 
 _SLOT_ID = re.compile(r"slot_[A-Za-z0-9_-]{16,64}")
@@ -178,50 +170,35 @@ def _attempt(result: SlotAttempt) -> Attempt[SlotAttempt]:
 async def acquire(request: Request) -> Response:
     """POST /v1/pools/{pool}/lock/acquire: every attempt goes to the access log."""
     svc = services(request)
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    log: dict[str, Any] = {
-        "pool": str(request.path_params.get("pool", ""))[:200],
-        "request_id": request_id(request),
-        "project": None,
-        "key_id": None,
-    }
-    waited = False
+    log = AttemptLog(request, "pool.acquire", "pool")
     try:
         principal = await svc.auth.authenticate(request, Role.MEMBER)
-        log.update(project=principal.project, key_id=principal.key_id)
+        log.fields.update(project=principal.project, key_id=principal.key_id)
         pool = path_name(request, "pool")
         wanted_ms, no_queue = _wanted_wait_ms(request, await read_body(request))
         view = await svc.store.get_pool(principal.project, pool)
         if view is None:
             raise NotFound(f"No pool named {pool!r}.")
         wait_ms = rules.clamp_wait_ms(view.config, wanted_ms, no_queue)
-        waited = wait_ms > 0
+        log.waited = wait_ms > 0
         admitted = await _acquire(request, principal.project, pool, wait_ms)
-    except ClientGone:
-        _log(svc, log, "disconnected", 499, started, loop)
+    except ClientGone as gone:
+        log.failed(gone)
         return Response(status_code=499)
-    except (TooManyRequests, QueueTimeout) as error:
-        _log(svc, log, "timeout" if waited else "rejected", error.http_status, started, loop)
-        raise
-    except ShuttingDown:
-        _log(svc, log, "shutdown", 503, started, loop)
-        raise
     except FencepostError as error:
-        _log(svc, log, "invalid", error.http_status, started, loop)
+        log.failed(error)
         raise
     slot = admitted.slot
     assert slot is not None
-    queued_ms = int((loop.time() - started) * 1000)
-    log["slot_id_prefix"] = slot.slot_id[:9]  # enough to correlate; the ID itself is a capability
-    _log(svc, log, "granted", 200, started, loop)
+    # The first characters correlate log lines; the whole ID is a capability.
+    log.write("granted", 200, slot_id_prefix=slot.slot_id[:9])
     return json_response(
         200,
         _grant_body(slot, view.config),
         headers={
             "X-Remaining-Slots": str(max(0, admitted.effective_limit - admitted.in_use)),
             "X-Effective-Limit": str(admitted.effective_limit),
-            "X-Queued-Ms": str(queued_ms),
+            "X-Queued-Ms": str(log.elapsed_ms),
         },
     )
 
@@ -240,11 +217,6 @@ async def _acquire(request: Request, project: str, pool: str, wait_ms: int) -> S
     store = services(request).store
     wait_alive_ms = WAITER_ALIVE_MS if wait_ms > 0 else None
     first = _attempt(await store.acquire_slot(project, pool, wait_alive_ms=wait_alive_ms))
-    if first.granted is not None:
-        return first.granted
-    if first.ticket is None:  # fail-fast, or the queue is full
-        assert first.refusal is not None
-        raise first.refusal
 
     async def retry(ticket: int) -> Attempt[SlotAttempt]:
         return _attempt(await store.retry_slot_waiter(project, pool, ticket, WAITER_ALIVE_MS))
@@ -255,24 +227,14 @@ async def _acquire(request: Request, project: str, pool: str, wait_ms: int) -> S
     def timed_out(attempt: Attempt[SlotAttempt]) -> FencepostError:
         return QueueTimeout(f"Waited {wait_ms} ms and no slot opened.")
 
-    async with watching_disconnect(request.receive) as disconnected:
-        admitted = await wait_in_line(
-            services(request).waiters, ("pool", project, pool), first, retry, leave,
-            wait_ms / 1000, disconnected, timed_out,
-        )
-        await asyncio.sleep(0)  # let a disconnect that already arrived be seen
-        if disconnected.is_set() and admitted.slot is not None:
+    async def hand_back(admitted: SlotAttempt) -> None:
+        if admitted.slot is not None:
             await store.release_slot(project, pool, admitted.slot.slot_id, None)
-            raise ClientGone()
-        return admitted
 
-
-def _log(
-    svc: Any, log: dict[str, Any], outcome: str, status: int, started: float,
-    loop: asyncio.AbstractEventLoop,
-) -> None:
-    waited_ms = int((loop.time() - started) * 1000)
-    svc.access_log.write("pool.acquire", outcome=outcome, status=status, waited_ms=waited_ms, **log)
+    return await get_or_wait(
+        request, ("pool", project, pool), first, retry, leave, wait_ms / 1000, timed_out,
+        hand_back,
+    )
 
 
 # --- renew and release -----------------------------------------------------------
