@@ -3,7 +3,8 @@
 Starts the same trivial JSON endpoint on each candidate server/framework, loads
 it with wrk (64 connections, one wrk thread) on this machine, and prints
 requests/s and p99 with the ratio to the chosen stack. Then runs the real
-acquire+release cycle against `fencepost serve` with group commit.
+acquire+release cycle against `fencepost serve` with group commit (workload (a)
+of the full benchmark, `bench/run.py`, which compares fencepost with its peers).
 
     python bench/http_stack.py [--seconds 5]
 """
@@ -22,7 +23,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-KEY = "bench_bootstrap_key_0123456789abcdefghijkl"
+sys.path.insert(0, str(HERE))
+from fpbench import loadgen  # noqa: E402
+from fpbench.systems import BENCH_KEY as KEY  # noqa: E402
 
 
 def free_port() -> int:
@@ -56,7 +59,9 @@ def wrk(url: str, seconds: int, script: str | None = None) -> tuple[float, float
     return rps, float(p99.group(1)) * scale
 
 
-def run_server(cmd: list[str], port: int, cwd: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+def run_server(
+    cmd: list[str], port: int, cwd: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
         cmd, cwd=cwd, env={**os.environ, "PYTHONPATH": str(HERE), **(env or {})},
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -108,9 +113,10 @@ def main() -> None:
             port, tmp, {"FENCEPOST_BOOTSTRAP_KEY": KEY},
         )
         try:
-            rps, p99 = wrk(f"http://127.0.0.1:{port}", args.seconds,
-                           str(HERE / "wrk" / "acquire_release.lua"))
-            rows.append(("fencepost serve: acquire+release (SQLite, durable)", rps, p99, ""))
+            cycle = loadgen.wrk(f"http://127.0.0.1:{port}", "fencepost", "a", args.seconds, 64,
+                                {"FENCEPOST_API_KEY": KEY, "BENCH_NONCE": str(os.getpid())})
+            rows.append(("fencepost serve: acquire+release (SQLite, durable)",
+                         cycle.ops_per_s, cycle.p99_us / 1000, ""))
         finally:
             proc.terminate()
             proc.wait()

@@ -40,12 +40,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="comma-separated: sqlite,postgresql,etcd,redis")
     parser.add_argument("--workloads", default="a,b,c,d", help="comma-separated from a,b,c,d")
     parser.add_argument("--warmup", type=int, default=2, help="seconds of uncounted load first")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="measure everything N times, report each cell's median round")
     parser.add_argument("--python-seconds", type=float, default=3.0,
                         help="length of each Python latency probe; 0 skips them")
     parser.add_argument("--results-dir", default=str(HERE / "results"))
     parser.add_argument("--pg-url", default=os.environ.get(
         "FENCEPOST_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/postgres"),
         help="PostgreSQL role allowed to create databases (env FENCEPOST_BENCH_PG)")
+    parser.add_argument("--profile", action="store_true",
+                        help="sample the fencepost server with py-spy during each workload "
+                             "(writes <results-dir>/profiles/)")
     parser.add_argument("--no-install", action="store_true",
                         help="never apt-get install a missing peer or tool")
     args = parser.parse_args(argv)
@@ -60,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
             workloads=[w.strip() for w in args.workloads.split(",") if w.strip()],
             warmup=args.warmup, python_seconds=args.python_seconds,
             results_dir=Path(args.results_dir), install=not args.no_install,
-            pg_admin_url=args.pg_url,
+            pg_admin_url=args.pg_url, profile_fencepost=args.profile,
+            rounds=args.rounds,
         )
     except ValueError as exc:
         parser.error(str(exc))

@@ -18,6 +18,18 @@ import httpx
 BOOTSTRAP_KEY = "fp_test_bootstrap_admin_key_0123456789abcdef"
 
 
+def _die_with_parent() -> None:
+    """Ask Linux to SIGTERM the server when the test process dies, so a killed
+    test run leaves no servers behind."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -97,6 +109,7 @@ class ServerProcess:
             env=self.env(),
             stdout=open(self.stdout_path, "ab"),
             stderr=open(self.stderr_path, "ab"),
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import platform
+import time
 from pathlib import Path
+from typing import Any
 
 from fpbench import tools
 
@@ -36,7 +38,7 @@ def cpu_busy_seconds() -> float:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
-def describe(python: str) -> dict[str, str]:
+def describe(python: str) -> dict[str, Any]:
     mem_kib = _first("/proc/meminfo", "MemTotal").split()[0]
     return {
         "nproc": str(os.cpu_count()),
@@ -48,7 +50,16 @@ def describe(python: str) -> dict[str, str]:
         "sqlite": tools.output([python, "-c", "import sqlite3; print(sqlite3.sqlite_version)"]),
         "wrk": tools.output(["wrk", "-v"]).split(" [")[0],
         "load_average_at_start": load_average(),
+        "background_cpu_pct": background_cpu_pct(),
     }
+
+
+def background_cpu_pct(seconds: float = 2.0) -> int:
+    """How busy the machine is before the benchmark starts anything (other users)."""
+    before = cpu_busy_seconds()
+    time.sleep(seconds)
+    busy = cpu_busy_seconds() - before
+    return round(100 * busy / ((os.cpu_count() or 1) * seconds))
 
 
 def _os_name() -> str:

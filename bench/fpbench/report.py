@@ -42,26 +42,26 @@ def one_line(row: Any) -> str:
     return text
 
 
-def latency_line(lat: dict) -> str:
+def latency_line(lat: dict[str, Any]) -> str:
     if lat["error"]:
         return f"{lat['method']}: failed: {lat['error']}"
     return (f"{lat['method']}: {lat['cycles_per_s']:.0f} cycles/s, p50 {lat['p50_ms']:.2f} ms, "
             f"p99 {lat['p99_ms']:.2f} ms")
 
 
-def _rows(run: dict) -> list[dict]:
+def _rows(run: dict[str, Any]) -> list[dict[str, Any]]:
     order = {name: i for i, name in enumerate(SYSTEM_ORDER)}
     return sorted(run["results"], key=lambda r: (r["workload"], order.get(r["system"], 99)))
 
 
-def _baseline(run: dict, workload: str) -> float | None:
+def _baseline(run: dict[str, Any], workload: str) -> float | None:
     for row in run["results"]:
         if row["system"] == BASELINE and row["workload"] == workload and row["status"] == "ok":
             return float(row["ops_per_s"]) or None
     return None
 
 
-def _cells(run: dict, row: dict) -> list[str]:
+def _cells(run: dict[str, Any], row: dict[str, Any]) -> list[str]:
     if row["status"] != "ok":
         return [row["status"] if row["status"] != "skipped" else "skipped", "", "", "", "", "",
                 row["reason"]]
@@ -71,7 +71,10 @@ def _cells(run: dict, row: dict) -> list[str]:
     if share is not None:
         notes.append(f"granted {100 * share:.1f} %")
     if row["unexpected"] or row["socket_errors"]:
-        notes.append(f"{row['unexpected']} unexpected answers, {row['socket_errors']} socket errors")
+        notes.append(f"{row['unexpected']} unexpected answers, "
+                     f"{row['socket_errors']} socket errors")
+    if len(row.get("round_ops") or []) > 1:
+        notes.append(f"rounds {min(row['round_ops']):.0f}–{max(row['round_ops']):.0f}")
     if row["other_load_pct"] >= 10:
         notes.append(f"other load {row['other_load_pct']:.0f} %")
     return [f"{row['ops_per_s']:.0f}", f"{row['p50_ms']:.2f}", f"{row['p99_ms']:.2f}",
@@ -84,15 +87,15 @@ HEADERS = ["workload", "system", "ops/s", "p50 ms", "p99 ms", "vs sqlite", "serv
            "loader CPU us/op", "notes"]
 
 
-def text_table(run: dict) -> str:
+def text_table(run: dict[str, Any]) -> str:
     lines = [[row["workload"], row["system"], *_cells(run, row)] for row in _rows(run)]
     widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h)
               for i, h in enumerate(HEADERS[:-1])]
     out = ["  ".join(h.ljust(w) if i < 2 else h.rjust(w) for i, (h, w) in
-                     enumerate(zip(HEADERS[:-1], widths))) + "  notes"]
+                     enumerate(zip(HEADERS[:-1], widths, strict=False))) + "  notes"]
     for line in lines:
         out.append("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in
-                             enumerate(zip(line[:-1], widths))) + "  " + line[-1])
+                             enumerate(zip(line[:-1], widths, strict=False))) + "  " + line[-1])
     if run["python_latency"]:
         out += ["", "one uncontended acquire+release from Python:"]
         out += [f"  {lat['system']:22} {latency_line(lat)}" for lat in run["python_latency"]]
@@ -106,7 +109,7 @@ def _mark(met: bool | None) -> str:
     return {True: "met", False: "NOT met", None: "n/a"}[met]
 
 
-def markdown_table(run: dict) -> str:
+def markdown_table(run: dict[str, Any]) -> str:
     out = ["| workload | system | ops/s | p50 ms | p99 ms | vs sqlite | server CPU µs/op "
            "| loader CPU µs/op | notes |", "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for row in _rows(run):
@@ -114,7 +117,7 @@ def markdown_table(run: dict) -> str:
     return "\n".join(out)
 
 
-def markdown(run: dict) -> str:
+def markdown(run: dict[str, Any]) -> str:
     m = run["machine"]
     versions = ", ".join(f"{k} {v}" for k, v in m.get("versions", {}).items())
     lines = [
@@ -122,12 +125,15 @@ def markdown(run: dict) -> str:
         "",
         f"{run['connections']} connections, {run['seconds']} s per workload "
         f"(after {run['warmup_seconds']} s of warm-up), every system started by "
-        "`bench/run.py` on 127.0.0.1 and measured one after another.",
+        "`bench/run.py` on 127.0.0.1 and measured one after another"
+        + (f"; {run['rounds']} rounds, each cell the round with the median ops/s "
+           "(all rounds in the JSON)." if run.get("rounds", 1) > 1 else "."),
         "",
         f"Machine: {m['nproc']} CPUs ({m['cpu']}), {m['memory']}, {m['os']}, kernel "
         f"{m['kernel']}, Python {m['python']}, SQLite {m['sqlite']}, {m['wrk']}. "
         f"Versions: {versions or '-'}. Load average {m['load_average_at_start']} at start, "
-        f"{m['load_average_at_end']} at end.",
+        f"{m['load_average_at_end']} at end; other processes used "
+        f"{m.get('background_cpu_pct', '?')} % of the CPU just before the run.",
         "",
         "Workloads: " + "; ".join(f"({k}) {v}" for k, v in run["workloads"].items()) + ". "
         "ops = requests (HTTP) or commands (Redis): an acquire+release cycle is 2 ops. "
@@ -149,6 +155,9 @@ def markdown(run: dict) -> str:
     if run["targets"]:
         lines += ["", "Issue 7 targets:", ""]
         lines += [f"- {_mark(t['met'])}: {t['target']} — {t['measured']}" for t in run["targets"]]
+    if run.get("profiled"):
+        lines += ["", "The fencepost servers were sampled by py-spy during this run (see "
+                  "`profiles/`), which costs them a little throughput."]
     lines += ["", "Durability of an acknowledged write:", ""]
     lines += [f"- {name}: {DURABILITY[name]}" for name in run["systems"] if name in DURABILITY]
     return "\n".join(lines) + "\n"
@@ -162,7 +171,7 @@ def _ok(rows: list[Any], system: str, workload: str) -> Any:
     return None
 
 
-def targets(rows: list[Any]) -> list[dict]:
+def targets(rows: list[Any]) -> list[dict[str, Any]]:
     """Issue 7: SQLite >= 3x etcd on (a) and (b) with p99 <= etcd's, >= 0.2x Redis;
     PostgreSQL >= 1x etcd. Only targets whose rows were measured are listed."""
     found = []
@@ -200,7 +209,7 @@ def targets(rows: list[Any]) -> list[dict]:
     return found
 
 
-def write(run: dict, results_dir: Path, started: dt.datetime) -> list[Path]:
+def write(run: dict[str, Any], results_dir: Path, started: dt.datetime) -> list[Path]:
     results_dir.mkdir(parents=True, exist_ok=True)
     stamp = started.strftime("%Y%m%dT%H%M%SZ")
     json_path, md_path = results_dir / f"{stamp}.json", results_dir / f"{stamp}.md"

@@ -5,14 +5,21 @@ from __future__ import annotations
 import datetime as dt
 import os
 import tempfile
-import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
-from fpbench import loadgen, machine, pylatency, report, tools
-from fpbench.systems import DEFAULT_PG_ADMIN_URL, Skipped, System, make_systems, venv_python
+from fpbench import loadgen, machine, profile, pylatency, report, tools
+from fpbench.systems import (
+    DEFAULT_PG_ADMIN_URL,
+    Fencepost,
+    Redis,
+    Skipped,
+    System,
+    make_systems,
+    venv_python,
+)
 
 ALL_SYSTEMS = ["fencepost-sqlite", "fencepost-postgresql", "etcd", "redis"]
 ALIASES = {
@@ -54,6 +61,7 @@ class Row:
     other_load_pct: float = 0.0
     loader: str = ""
     samples: list[str] = field(default_factory=list)
+    round_ops: list[float] = field(default_factory=list)  # ops/s of every round
 
     @property
     def grant_share(self) -> float | None:
@@ -78,23 +86,29 @@ def _load(system: System, workload: str, seconds: int, connections: int,
           install: bool) -> tuple[loadgen.LoadResult, str]:
     nonce = uuid.uuid4().hex[:10]
     env = {"BENCH_NONCE": nonce, **system.loader_env(workload, connections, nonce)}
-    if system.protocol == "redis":
-        shas = getattr(system, "shas")
-        return (loadgen.redisload(system.port, workload, seconds, connections, nonce, shas,
-                                  install), "redisload (bench/redisload.c)")
+    if isinstance(system, Redis):
+        return (loadgen.redisload(system.port, workload, seconds, connections, nonce,
+                                  system.shas, install), "redisload (bench/redisload.c)")
     kind = "etcd" if system.name == "etcd" else "fencepost"
     return (loadgen.wrk(system.base_url, kind, workload, seconds, connections, env),
             f"wrk -t{connections} -c{connections}")
 
 
 def _measure(system: System, workload: str, seconds: int, connections: int, warmup: int,
-             install: bool) -> Row:
+             install: bool, profile_dir: Path | None = None) -> Row:
     if warmup > 0:
         _load(system, workload, warmup, connections, install)
+    spy, spy_out = None, None
+    if profile_dir is not None and isinstance(system, Fencepost) and system.proc is not None:
+        spy_out = profile_dir / f"{system.name}-{workload}.collapsed"
+        spy = profile.start(system.proc.pid, seconds, spy_out)
     cpu0, busy0 = system.cpu_seconds(), machine.cpu_busy_seconds()
     result, loader = _load(system, workload, seconds, connections, install)
     server_cpu = system.cpu_seconds() - cpu0
     busy = machine.cpu_busy_seconds() - busy0
+    if spy is not None and spy_out is not None:
+        summary = profile.finish(spy, spy_out)
+        loader += f"; profiled: {summary}" if summary else "; profile failed"
     ops = max(result.requests, 1)
     capacity = (os.cpu_count() or 1) * result.seconds
     other = max(0.0, busy - server_cpu - result.client_cpu_s)
@@ -109,6 +123,68 @@ def _measure(system: System, workload: str, seconds: int, connections: int, warm
         loader=loader, samples=result.samples)
 
 
+def _run_system(system: System, chosen: list[str], seconds: int, connections: int, warmup: int,
+                python_seconds: float, install: bool, profile_dir: Path | None,
+                say: Callable[[str], None]) -> tuple[list[Row], list[dict[str, Any]]]:
+    """Start one system, run every chosen workload and the Python probe, stop it."""
+    rows: list[Row] = []
+    latencies: list[dict[str, Any]] = []
+    say(f"== {system.name}")
+    done: set[str] = set()
+    try:
+        with tempfile.TemporaryDirectory(prefix=f"fpbench-{system.name}-") as tmp, \
+                system.running(Path(tmp)):
+            for workload in chosen:
+                why_not = system.supports(workload)
+                if why_not:
+                    rows.append(Row(system.name, workload, "n/a", why_not))
+                else:
+                    say(f"   ({workload}) {WORKLOADS[workload]}: {seconds} s ...")
+                    try:
+                        row = _measure(system, workload, seconds, connections, warmup,
+                                       install, profile_dir)
+                    except (loadgen.LoadError, RuntimeError, OSError) as exc:
+                        row = Row(system.name, workload, "failed", str(exc)[:500])
+                    rows.append(row)
+                    say("       " + report.one_line(row))
+                done.add(workload)
+            if python_seconds > 0:
+                for lat in pylatency.measure(system, python_seconds, uuid.uuid4().hex[:10]):
+                    latencies.append({"system": system.name, **asdict(lat),
+                                      "cycles_per_s": lat.cycles_per_s})
+                    say(f"   python: {report.latency_line(latencies[-1])}")
+    except Skipped as exc:
+        say(f"   {exc}")
+        rows += [Row(system.name, w, "skipped", str(exc)) for w in chosen if w not in done]
+    except Exception as exc:  # noqa: BLE001 - one broken system must not end the run
+        say(f"   failed: {exc}")
+        rows += [Row(system.name, w, "failed", str(exc)[:500]) for w in chosen if w not in done]
+    return rows, latencies
+
+
+def _median_rows(rounds: list[list[Row]]) -> list[Row]:
+    """Per system and workload, the round with the median ops/s (ok rounds only)."""
+    picked: list[Row] = []
+    for index, first in enumerate(rounds[0]):
+        same = [r[index] for r in rounds if index < len(r)]
+        ok = sorted((r for r in same if r.status == "ok"), key=lambda r: r.ops_per_s)
+        if not ok:
+            picked.append(first)
+            continue
+        row = ok[(len(ok) - 1) // 2]
+        row.round_ops = [round(r.ops_per_s, 1) for r in same if r.status == "ok"]
+        picked.append(row)
+    return picked
+
+
+def _median_latencies(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    picked = []
+    for index, first in enumerate(rounds[0]):
+        same = sorted((r[index] for r in rounds if index < len(r)), key=lambda lat: lat["p50_ms"])
+        picked.append(same[(len(same) - 1) // 2] if same else first)
+    return picked
+
+
 def run_benchmark(
     seconds: int = 10,
     connections: int = 64,
@@ -119,69 +195,69 @@ def run_benchmark(
     results_dir: Path | str | None = None,
     install: bool = True,
     pg_admin_url: str = DEFAULT_PG_ADMIN_URL,
+    profile_fencepost: bool = False,
+    rounds: int = 1,
     say: Callable[[str], None] = print,
-) -> dict:
-    """Run the benchmark, write results/<timestamp>.{json,md} and latest.md; return the run."""
+) -> dict[str, Any]:
+    """Run the benchmark, write results/<timestamp>.{json,md} and latest.md; return the run.
+
+    With rounds > 1 every system is measured that many times, round after round
+    (so slow drifts in the machine's other load hit every system alike), and
+    each cell reports the round with the median ops/s.
+    """
     names = resolve_systems(only)
     chosen = [w for w in (workloads or list(WORKLOADS)) if w in WORKLOADS]
     if not chosen:
         raise ValueError(f"no known workload in {workloads}; choose from {', '.join(WORKLOADS)}")
-    if seconds < 1:
-        raise ValueError("--seconds must be at least 1 (wrk counts whole seconds)")
-    started = dt.datetime.now(dt.timezone.utc)
+    if seconds < 1 or rounds < 1:
+        raise ValueError("--seconds and --rounds must be at least 1 (wrk counts whole seconds)")
+    started = dt.datetime.now(dt.UTC)
+    profile_dir = None
+    if profile_fencepost:
+        if profile.py_spy() is None:
+            say("--profile: py-spy not found (pip install py-spy); running without profiles")
+        else:
+            profile_dir = Path(results_dir or DEFAULT_RESULTS_DIR) / "profiles" / \
+                started.strftime("%Y%m%dT%H%M%SZ")
     python = venv_python()
     wrk_missing = tools.ensure("wrk", install=install) is None
-    info = machine.describe(python)
-    rows: list[Row] = []
-    latencies: list[dict] = []
+    described = machine.describe(python)
+    say(f"other processes are using {described['background_cpu_pct']} % of this machine's CPU")
+    row_rounds: list[list[Row]] = []
+    latency_rounds: list[list[dict[str, Any]]] = []
     versions: dict[str, str] = {}
     notes: dict[str, list[str]] = {}
-    for system in make_systems(names, pg_admin_url, install):
-        if wrk_missing and system.protocol == "http":
-            rows += [Row(system.name, w, "skipped", "skipped: wrk not installed") for w in chosen]
-            continue
-        say(f"== {system.name}")
-        done: set[str] = set()
-        try:
-            with tempfile.TemporaryDirectory(prefix=f"fpbench-{system.name}-") as tmp, \
-                    system.running(Path(tmp)):
+    for round_no in range(1, rounds + 1):
+        if rounds > 1:
+            say(f"##### round {round_no} of {rounds}")
+        rows: list[Row] = []
+        latencies: list[dict[str, Any]] = []
+        for system in make_systems(names, pg_admin_url, install):
+            if wrk_missing and system.protocol == "http":
+                rows += [Row(system.name, w, "skipped", "wrk not installed (apt-get install wrk)")
+                         for w in chosen]
+                continue
+            got_rows, got_latencies = _run_system(
+                system, chosen, seconds, connections, warmup, python_seconds, install,
+                profile_dir if round_no == 1 else None, say)
+            rows += got_rows
+            latencies += got_latencies
+            if system.version:
                 versions[system.name] = system.version
-                for workload in chosen:
-                    why_not = system.supports(workload)
-                    if why_not:
-                        rows.append(Row(system.name, workload, "n/a", why_not))
-                    else:
-                        say(f"   ({workload}) {WORKLOADS[workload]}: {seconds} s ...")
-                        try:
-                            row = _measure(system, workload, seconds, connections, warmup,
-                                           install)
-                        except (loadgen.LoadError, RuntimeError, OSError) as exc:
-                            row = Row(system.name, workload, "failed", str(exc)[:500])
-                        rows.append(row)
-                        say("       " + report.one_line(row))
-                    done.add(workload)
-                if python_seconds > 0:
-                    for lat in pylatency.measure(system, python_seconds, uuid.uuid4().hex[:10]):
-                        latencies.append({"system": system.name, **asdict(lat),
-                                          "cycles_per_s": lat.cycles_per_s})
-                        say(f"   python: {report.latency_line(latencies[-1])}")
-        except Skipped as exc:
-            say(f"   {exc}")
-            rows += [Row(system.name, w, "skipped", str(exc)) for w in chosen if w not in done]
-        except Exception as exc:  # noqa: BLE001 - one broken system must not end the run
-            say(f"   failed: {exc}")
-            rows += [Row(system.name, w, "failed", str(exc)[:500])
-                     for w in chosen if w not in done]
-        notes[system.name] = list(system.notes)
-    info["load_average_at_end"] = machine.load_average()
-    info["versions"] = versions  # type: ignore[assignment]
-    run = {
+            notes[system.name] = list(system.notes)
+        row_rounds.append(rows)
+        latency_rounds.append(latencies)
+    rows = _median_rows(row_rounds)
+    info: dict[str, Any] = {**described, "load_average_at_end": machine.load_average(),
+                            "versions": versions}
+    run: dict[str, Any] = {
         "started_at": started.isoformat(timespec="seconds"),
         "seconds": seconds, "connections": connections, "warmup_seconds": warmup,
+        "rounds": rounds, "profiled": profile_dir is not None,
         "systems": names, "workloads": {w: WORKLOADS[w] for w in chosen},
         "baseline": BASELINE, "machine": info, "notes": notes,
         "results": [{**asdict(r), "grant_share": r.grant_share} for r in rows],
-        "python_latency": latencies,
+        "python_latency": _median_latencies(latency_rounds),
         "targets": report.targets(rows),
     }
     files = report.write(run, Path(results_dir or DEFAULT_RESULTS_DIR), started)
@@ -189,5 +265,5 @@ def run_benchmark(
     say("")
     say(report.text_table(run))
     say("")
-    say("written: " + ", ".join(run["files"]))
+    say("written: " + ", ".join(str(f) for f in files))
     return run

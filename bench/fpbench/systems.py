@@ -16,7 +16,7 @@ import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from fpbench import procs, tools
 from fpbench.resp import Resp
@@ -36,7 +36,7 @@ def venv_python() -> str:
 
 
 def http_json(method: str, url: str, body: object = None, headers: dict[str, str] | None = None,
-              timeout: float = 5.0) -> tuple[int, dict]:
+              timeout: float = 5.0) -> tuple[int, dict[str, Any]]:
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method=method, headers={
         "Content-Type": "application/json", **(headers or {})})
@@ -89,9 +89,6 @@ class Fencepost(System):
     db_name: str = ""
     store_url: str = ""
 
-    def supports(self, workload: str) -> str | None:
-        return None
-
     @contextlib.contextmanager
     def running(self, workdir: Path) -> Iterator[System]:
         python = venv_python()
@@ -126,7 +123,7 @@ class Fencepost(System):
         if status != 200:
             raise RuntimeError(f"fencepost /healthz answered {status}")
 
-    def _admin(self):  # type: ignore[no-untyped-def]
+    def _admin(self) -> Any:
         import psycopg
 
         try:
@@ -143,7 +140,7 @@ class Fencepost(System):
         with self._admin() as admin:
             admin.execute(f'CREATE DATABASE "{self.db_name}"')
             row = admin.execute("SHOW server_version").fetchone()
-            self.notes.append(f"PostgreSQL {row[0] if row else '?'}")
+            self.version += f", on PostgreSQL {row[0] if row else '?'}"
         base = self.pg_admin_url.rsplit("/", 1)[0]
         self.store_url = f"{base}/{self.db_name}"
 
@@ -198,7 +195,7 @@ class Etcd(System):
     def running(self, workdir: Path) -> Iterator[System]:
         binary = tools.ensure("etcd", install=self.install)
         if binary is None:
-            raise Skipped("skipped: not installed (Debian package etcd-server)")
+            raise Skipped("not installed (Debian package etcd-server)")
         self.port, peer = procs.free_port(), procs.free_port()
         client_url, peer_url = f"http://127.0.0.1:{self.port}", f"http://127.0.0.1:{peer}"
         self.proc = procs.start(
@@ -264,7 +261,7 @@ class Redis(System):
     def running(self, workdir: Path) -> Iterator[System]:
         binary = tools.ensure("redis-server", install=self.install)
         if binary is None:
-            raise Skipped("skipped: not installed (Debian package redis-server)")
+            raise Skipped("not installed (Debian package redis-server)")
         self.port = procs.free_port()
         self.proc = procs.start(
             [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(workdir),

@@ -32,12 +32,13 @@ function lib.next_name(prefix)
   return prefix .. "-" .. nonce .. "-" .. id .. "-" .. seq
 end
 
+local random, format, floor = math.random, string.format, math.floor
+
+-- A version-4 UUID (random enough for lock tokens and request IDs).
 function lib.uuid()
-  local t = "xxxxxxxx-xxxx-4xxx-yxxx-xxxxxxxxxxxx"
-  return (t:gsub("[xy]", function(c)
-    local v = (c == "x") and math.random(0, 15) or math.random(8, 11)
-    return string.format("%x", v)
-  end))
+  return format("%04x%04x-%04x-4%03x-%04x-%04x%04x%04x",
+    random(0, 0xffff), random(0, 0xffff), random(0, 0xffff), random(0, 0xfff),
+    random(0x8000, 0xbfff), random(0, 0xffff), random(0, 0xffff), random(0, 0xffff))
 end
 
 function lib.good()
@@ -53,19 +54,21 @@ function lib.unexpected(status, body)
   end
 end
 
-local b64chars = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+local b64 = {}
+for i = 1, 64 do
+  b64[i - 1] = ("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"):sub(i, i)
+end
 
+-- etcd's JSON gateway wants keys and values in base64.
 function lib.base64(data)
-  return ((data:gsub(".", function(x)
-    local r, b = "", x:byte()
-    for i = 8, 1, -1 do r = r .. (b % 2 ^ i - b % 2 ^ (i - 1) > 0 and "1" or "0") end
-    return r
-  end) .. "0000"):gsub("%d%d%d?%d?%d?%d?", function(x)
-    if #x < 6 then return "" end
-    local c = 0
-    for i = 1, 6 do c = c + (x:sub(i, i) == "1" and 2 ^ (6 - i) or 0) end
-    return b64chars:sub(c + 1, c + 1)
-  end) .. ({ "", "==", "=" })[#data % 3 + 1])
+  local out = {}
+  for i = 1, #data, 3 do
+    local a, b, c = data:byte(i, i + 2)
+    local n = a * 65536 + (b or 0) * 256 + (c or 0)
+    out[#out + 1] = b64[floor(n / 262144)] .. b64[floor(n / 4096) % 64] ..
+      (b and b64[floor(n / 64) % 64] or "=") .. (c and b64[n % 64] or "=")
+  end
+  return table.concat(out)
 end
 
 function lib.done(summary, latency, requests)

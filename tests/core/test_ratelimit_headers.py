@@ -52,10 +52,12 @@ RETRY = [
     row("date-in-the-past", {"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}, retry_after_ms=0),
     row("ms", {"retry-after-ms": "250"}, retry_after_ms=250),
     row("ms-fraction", {"retry-after-ms": "12.3"}, retry_after_ms=13),
-    row("largest-hint-wins-ms", {"retry-after": "1", "retry-after-ms": "2500"},
+    row("ms-wins-over-rounded-seconds", {"retry-after": "1", "retry-after-ms": "157"},
+        retry_after_ms=157),
+    row("ms-wins-even-when-larger", {"retry-after": "1", "retry-after-ms": "2500"},
         retry_after_ms=2_500),
-    row("largest-hint-wins-s", {"retry-after": "3", "retry-after-ms": "2500"},
-        retry_after_ms=3_000),
+    row("ms-wins-over-a-date", {"retry-after": "Fri, 15 Jan 2027 08:00:30 GMT",
+                                "retry-after-ms": "250"}, retry_after_ms=250),
     row("bad-ms-does-not-hide-good-s", {"retry-after": "3", "retry-after-ms": "-1"},
         retry_after_ms=3_000),
     row("one-year-is-believed", {"retry-after": str(366 * 86_400)},
@@ -339,7 +341,7 @@ def test_an_openai_429() -> None:
         "retry-after": "8", "retry-after-ms": "7660", "set-cookie": "__cf_bm=x; path=/",
     })
     assert info == RateLimitInfo(
-        retry_after_ms=8_000, request_limit=500, request_remaining=499, request_reset_ms=120,
+        retry_after_ms=7_660, request_limit=500, request_remaining=499, request_reset_ms=120,
         token_limit=30_000, token_remaining=0, token_reset_ms=7_660,
     )
 
@@ -454,7 +456,7 @@ def test_token_fields_prefer_anthropic_over_openai() -> None:
 
 def test_every_dialect_at_once() -> None:
     assert parse(EVERY_DIALECT) == RateLimitInfo(
-        retry_after_ms=2_000,  # the larger hint
+        retry_after_ms=1_500,  # retry-after-ms over retry-after
         request_limit=60, request_remaining=5, request_reset_ms=4_000,  # OpenAI
         token_limit=1_000, token_remaining=10, token_reset_ms=3_000,  # Anthropic
     )

@@ -194,7 +194,6 @@ class _AsyncHold(Holding):
         self._took_back = False
         self._lost_event: asyncio.Event | None = None
 
-
     @property
     def lost_event(self) -> asyncio.Event:
         """Set when the lease is lost; `await hold.lost_event.wait()`."""

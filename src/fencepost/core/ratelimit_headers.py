@@ -38,9 +38,11 @@ Dialects understood, and where they come from:
 Precedence when several dialects give the same field: each field is taken
 from the most specific dialect that gives a valid value for it, in this order:
 Anthropic, OpenAI (both name the unit, requests or tokens), the structured
-IETF fields, the older IETF fields, then the bare `x-ratelimit-*`. Retry hints
-are the exception: the largest of `retry-after` and `retry-after-ms` wins, so
-that no source's pause is cut short.
+IETF fields, the older IETF fields, then the bare `x-ratelimit-*`. For the retry
+hint, likewise, a valid `retry-after-ms` wins over `retry-after`: servers that
+send both (OpenAI) send the same instant twice, `retry-after` rounded up to
+whole seconds, so taking the larger would turn a 150 ms hint into a 1 s pause
+(openai-python also reads `retry-after-ms` first).
 
 Units: `*_limit` and `*_remaining` are counts as the upstream states them, per
 its own window (which only the structured `ratelimit-policy` names; OpenAI and
@@ -101,31 +103,30 @@ def parse_rate_limit_headers(headers: Mapping[str, str], now_ms: int) -> RateLim
     """The rate-limit state that `headers` describe; an empty RateLimitInfo if none."""
     h = _fold(headers)
 
-    hints = (
-        _retry_after_ms(h.get("retry-after"), now_ms),
+    retry_after_ms = _first((
         _delay_text_ms(h.get("retry-after-ms"), Decimal(1)),  # OpenAI / Azure: milliseconds
-    )
-    retry_hints = [hint for hint in hints if hint is not None]
+        _retry_after_ms(h.get("retry-after"), now_ms),
+    ))
 
     anthropic_req = _anthropic(h, "requests", now_ms)
     anthropic_tok = _anthropic(h, "tokens", now_ms)
     openai_req = _openai(h, "requests")
     openai_tok = _openai(h, "tokens")
     structured = _structured(h)
-    ietf = _Triple(
+    ietf = _Triple(  # draft-ietf-httpapi-ratelimit-headers up to -05
         _first_count(h.get("ratelimit-limit")),
         _count(h.get("ratelimit-remaining")),
         _epoch_or_delta_ms(h.get("ratelimit-reset"), now_ms),
     )
-    github = _Triple(
+    github = _Triple(  # GitHub, Twitter/X, Discord: the de facto x-ratelimit-*
         _count(h.get("x-ratelimit-limit")),
         _count(h.get("x-ratelimit-remaining")),
         _epoch_or_delta_ms(h.get("x-ratelimit-reset"), now_ms),
     )
-    requests = (anthropic_req, openai_req, structured, ietf, github)
+    requests = (anthropic_req, openai_req, structured, ietf, github)  # most specific first
     tokens = (anthropic_tok, openai_tok)
     return RateLimitInfo(
-        retry_after_ms=max(retry_hints) if retry_hints else None,
+        retry_after_ms=retry_after_ms,
         request_limit=_first(t.limit for t in requests),
         request_remaining=_first(t.remaining for t in requests),
         request_reset_ms=_first(t.reset_ms for t in requests),

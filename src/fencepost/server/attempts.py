@@ -20,13 +20,13 @@ REFUSALS = (LockHeld, TooManyRequests, QueueTimeout)
 class AttemptLog:
     """Collects the fields of one acquire attempt and writes its line once."""
 
-    def __init__(self, request: Request, event: str, name_field: str) -> None:
+    def __init__(self, request: Request, event: str, field: str, path_param: str) -> None:
         self._svc: Services = services(request)
         self._event = event
         self._started = asyncio.get_running_loop().time()
         self.waited = False  # set once the caller asked to wait in line
         self.fields: dict[str, Any] = {
-            name_field: str(request.path_params.get(name_field, ""))[:200],
+            field: str(request.path_params.get(path_param, ""))[:200],
             "request_id": request_id(request),
             "project": None,
             "key_id": None,

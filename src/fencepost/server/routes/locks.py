@@ -71,7 +71,7 @@ def _metadata_json(metadata: dict[str, Any] | None) -> str | None:
 async def acquire(request: Request) -> Response:
     """PUT /v1/locks/{key}/lease: every attempt is written to the access log."""
     svc = services(request)
-    log = AttemptLog(request, "lock.acquire", "key")
+    log = AttemptLog(request, "lock.acquire", "lock", "key")
     try:
         principal = await svc.auth.authenticate(request, Role.MEMBER)
         log.fields.update(project=principal.project, key_id=principal.key_id)

@@ -170,7 +170,7 @@ def _attempt(result: SlotAttempt) -> Attempt[SlotAttempt]:
 async def acquire(request: Request) -> Response:
     """POST /v1/pools/{pool}/lock/acquire: every attempt goes to the access log."""
     svc = services(request)
-    log = AttemptLog(request, "pool.acquire", "pool")
+    log = AttemptLog(request, "pool.acquire", "pool", "pool")
     try:
         principal = await svc.auth.authenticate(request, Role.MEMBER)
         log.fields.update(project=principal.project, key_id=principal.key_id)

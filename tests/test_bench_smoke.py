@@ -1,0 +1,66 @@
+"""The benchmark harness (bench/run.py) must not rot: one second of workload (a)
+against fencepost on SQLite, through the same function the entry point calls.
+
+It needs `wrk` (a C load generator). Without it the test is skipped on a
+developer's machine; under CI=true it installs it (CI runs as root) or fails.
+The full benchmark is not a test: see README "Benchmarks".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+from fpbench import tools  # noqa: E402
+from fpbench.runner import run_benchmark  # noqa: E402
+
+
+def _need_wrk() -> None:
+    if shutil.which("wrk"):
+        return
+    if os.environ.get("CI") == "true":
+        if tools.ensure("wrk", install=True, timeout=120):
+            return
+        pytest.fail("wrk is required under CI=true and could not be installed (apt wrk)")
+    pytest.skip("wrk is not installed (apt-get install wrk)")
+
+
+@pytest.mark.timeout(300)
+def test_one_second_of_acquire_release_against_fencepost_sqlite(tmp_path: Path) -> None:
+    _need_wrk()
+    printed: list[str] = []
+
+    run = run_benchmark(
+        seconds=1, only=["sqlite"], workloads=["a"], warmup=0, python_seconds=0.3,
+        results_dir=tmp_path, install=False, say=printed.append,
+    )
+
+    [row] = run["results"]
+    assert row["system"] == "fencepost-sqlite" and row["workload"] == "a"
+    assert row["status"] == "ok", row["reason"]
+    assert row["ops_per_s"] > 0 and row["requests"] > 0
+    assert row["unexpected"] == 0, row["samples"]
+    assert row["socket_errors"] == 0
+    assert 0 < row["p50_ms"] <= row["p99_ms"]
+    assert row["server_cpu_us_per_op"] > 0
+
+    [raw] = [lat for lat in run["python_latency"] if lat["method"].startswith("httpx")]
+    assert raw["error"] == "" and raw["cycles"] > 0
+
+    written = sorted(p.name for p in tmp_path.iterdir())
+    assert len(written) == 3 and "latest.md" in written, written
+    [json_file] = tmp_path.glob("*.json")
+    saved = json.loads(json_file.read_text())
+    assert saved["results"][0]["ops_per_s"] == row["ops_per_s"]
+    assert saved["machine"]["nproc"] and saved["machine"]["versions"]["fencepost-sqlite"]
+    latest = (tmp_path / "latest.md").read_text()
+    assert "| a | fencepost-sqlite |" in latest
+    assert any("fencepost-sqlite" in line and "1.00x" in line for line in printed)
