@@ -94,6 +94,12 @@ class ServerProcess:
         return env
 
     def start(self, timeout: float = 20.0) -> "ServerProcess":
+        self.spawn()
+        return self.wait_ready(timeout)
+
+    def spawn(self) -> None:
+        """Start the process without waiting. Call from the main thread: the
+        server is told to stop when the thread that started it ends."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         cmd = [
             *self.command_prefix,
@@ -111,6 +117,9 @@ class ServerProcess:
             stderr=open(self.stderr_path, "ab"),
             preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
+
+    def wait_ready(self, timeout: float = 20.0) -> "ServerProcess":
+        assert self.proc is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

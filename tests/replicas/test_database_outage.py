@@ -181,18 +181,14 @@ def test_replicas_starting_together_migrate_once(private_pg: PrivatePostgres,
     replicas = [ServerProcess(tmp_path / n, store=private_pg.url) for n in ("a", "b", "c")]
     errors: list[BaseException] = []
 
-    def start(replica: ServerProcess) -> None:
-        try:
-            replica.start()
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=start, args=(r,)) for r in replicas]
     try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=60)
+        for replica in replicas:  # all three start at once: none waits for another
+            replica.spawn()
+        for replica in replicas:
+            try:
+                replica.wait_ready(60)
+            except RuntimeError as exc:
+                errors.append(exc)
         assert not errors, errors
         keys = []
         for replica in replicas:
