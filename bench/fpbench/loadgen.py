@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import resource
+import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -103,7 +105,9 @@ def redisload_binary(install: bool = True) -> Path:
     cc = tools.ensure("cc", install=install)
     if cc is None:
         raise LoadError("no C compiler to build bench/redisload.c (apt-get install gcc)")
-    out = Path(tempfile.mkdtemp(prefix="fpbench-redisload-")) / "redisload"
+    build_dir = tempfile.mkdtemp(prefix="fpbench-redisload-")
+    atexit.register(shutil.rmtree, build_dir, True)
+    out = Path(build_dir) / "redisload"
     done = subprocess.run([cc, "-O2", "-o", str(out), str(BENCH / "redisload.c")],
                           capture_output=True, text=True, timeout=120)
     if done.returncode != 0:

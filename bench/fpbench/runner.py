@@ -242,8 +242,11 @@ def run_benchmark(
                 profile_dir if round_no == 1 else None, say)
             rows += got_rows
             latencies += got_latencies
-            if system.version:
-                versions[system.name] = system.version
+            if system.version and system.version not in versions.get(system.name, ""):
+                # The tree may be committed to between rounds: keep every version seen.
+                seen = versions.get(system.name)
+                versions[system.name] = f"{seen}; then {system.version}" if seen \
+                    else system.version
             notes[system.name] = list(system.notes)
         row_rounds.append(rows)
         latency_rounds.append(latencies)
