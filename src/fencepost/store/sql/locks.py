@@ -190,10 +190,9 @@ def write_lease(tx: Tx, project: str, lease: Lease) -> None:
             lease.metadata_json, lease.on_expiry.value,
         ),
     )
-    tx.execute(
-        "DELETE FROM ended_leases WHERE project = ? AND key = ? AND lock_token = ?",
-        (project, lease.key, lease.lock_token),
-    )
+    # An older ended_leases row for this token (a token reused after its lease
+    # ended) needs no delete: it is read only while the token does not hold the
+    # lock, and is overwritten when this lease ends.
 
 
 def end_lease(tx: Tx, project: str, key: str, lock_token: str, reason: EndReason) -> None:
