@@ -85,9 +85,9 @@ def _routes() -> list[Route]:
 class DirectRoutes:
     """The hot path: requests for a route in the table go straight to its
     handler, past Starlette's middleware stack, which cost about a fifth of the
-    server's CPU per request in the benchmark's profile. Anything else (lifespan, unknown paths, wrong
-    methods) goes to the Starlette app, which answers it as before. Errors
-    become their JSON envelope here as they would there."""
+    server's CPU per request in the benchmark's profile. Anything else
+    (lifespan, unknown paths, wrong methods) goes to the Starlette app, which
+    answers it as before. Errors become their JSON envelope here, as there."""
 
     def __init__(self, app: Starlette) -> None:
         self.app = app
