@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Callable, TypeVar
+
 from starlette.requests import Request
 
 from fencepost.core.names import is_valid_name
 from fencepost.errors import ValidationError
 
+T = TypeVar("T")
 MAX_LIST_LIMIT = 1000
 DEFAULT_LIST_LIMIT = 100
 _LIST_PARAMS = {"prefix", "limit", "after"}
@@ -34,3 +37,10 @@ def list_query(request: Request) -> tuple[str, str | None, int]:
     if details:
         raise ValidationError(details)
     return prefix, after, limit
+
+
+def page(fetched: list[T], limit: int, name_of: Callable[[T], str]) -> tuple[list[T], str | None]:
+    """One page from `limit + 1` fetched items, and the cursor for the next page
+    (None when this is the last): fetching one extra tells whether more exist."""
+    items = fetched[:limit]
+    return items, name_of(items[-1]) if len(fetched) > limit else None

@@ -17,7 +17,7 @@ from fencepost.server import schemas
 from fencepost.server.attempts import AttemptLog, get_or_wait
 from fencepost.server.context import endpoint, path_name, request_id, services
 from fencepost.server.http import json_response, read_body, required_uuid_header
-from fencepost.server.listing import list_query
+from fencepost.server.listing import list_query, page
 from fencepost.server.validation import decode_body, invalid_field
 from fencepost.server.waiting import WAITER_ALIVE_MS, Attempt, ClientGone
 from fencepost.store.base import AcquireResult, LockView
@@ -180,15 +180,9 @@ async def list_locks(request: Request) -> Response:
     svc = services(request)
     principal = await svc.auth.authenticate(request, Role.READER)
     prefix, after, limit = list_query(request)
-    views = await svc.store.list_locks(principal.project, prefix, after, limit + 1)
-    more = len(views) > limit
-    views = views[:limit]
-    return json_response(
-        200,
-        schemas.LockList(
-            locks=[lock_state(v) for v in views], next=views[-1].key if more else None
-        ),
-    )
+    fetched = await svc.store.list_locks(principal.project, prefix, after, limit + 1)
+    views, cursor = page(fetched, limit, lambda v: v.key)
+    return json_response(200, schemas.LockList(locks=[lock_state(v) for v in views], next=cursor))
 
 
 @endpoint

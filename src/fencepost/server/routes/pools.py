@@ -25,7 +25,7 @@ from fencepost.server import schemas
 from fencepost.server.attempts import AttemptLog, get_or_wait
 from fencepost.server.context import endpoint, path_name, services
 from fencepost.server.http import json_response, read_body
-from fencepost.server.listing import list_query
+from fencepost.server.listing import list_query, page
 from fencepost.server.validation import decode_body
 from fencepost.server.waiting import WAITER_ALIVE_MS, Attempt, ClientGone
 from fencepost.store.base import PoolView, SlotAttempt, SlotReport, Store
@@ -103,15 +103,9 @@ async def list_pools(request: Request) -> Response:
     svc = services(request)
     principal = await svc.auth.authenticate(request, Role.READER)
     prefix, after, limit = list_query(request)
-    views = await svc.store.list_pools(principal.project, prefix, after, limit + 1)
-    more = len(views) > limit
-    views = views[:limit]
-    return json_response(
-        200,
-        schemas.PoolList(
-            pools=[pool_state(v) for v in views], next=views[-1].name if more else None
-        ),
-    )
+    fetched = await svc.store.list_pools(principal.project, prefix, after, limit + 1)
+    views, cursor = page(fetched, limit, lambda v: v.name)
+    return json_response(200, schemas.PoolList(pools=[pool_state(v) for v in views], next=cursor))
 
 
 @endpoint
