@@ -118,3 +118,35 @@ def test_learned_state_survives_a_restart(fresh_server: ServerProcess) -> None:
         after = client.get(f"/v1/pools/{pool}").json()
     assert after["effective_limit"] == 7 and after["learned"] == before["learned"]
     assert after["effective_rpm"] == 120
+
+
+def test_freed_slots_go_to_every_waiter_promptly(server: ServerProcess) -> None:
+    """Three slots freed at once admit three waiters at once, not one per
+    periodic re-check (a lost wake-up regression)."""
+    import threading
+
+    with server.client() as client:
+        pool = make_pool(client, limit=3)
+        held = [client.post(f"/v1/pools/{pool}/lock/acquire").json()["slot_id"]
+                for _ in range(3)]
+    admitted: list[float] = []
+
+    def wait_for_slot() -> None:
+        with server.client() as c:
+            got = c.post(f"/v1/pools/{pool}/lock/acquire", json={"wait_ms": 10_000})
+            assert got.status_code == 200, got.text
+            admitted.append(time.monotonic())
+
+    waiters = [threading.Thread(target=wait_for_slot) for _ in range(3)]
+    for t in waiters:
+        t.start()
+    time.sleep(0.5)  # all three are parked
+    with server.client() as client:
+        released_at = time.monotonic()
+        for slot in held:
+            client.post(f"/v1/pools/{pool}/lock/{slot}/release")
+    for t in waiters:
+        t.join(timeout=15)
+    assert len(admitted) == 3
+    # Far below the 1 s safety-net re-check that a lost wake-up falls back to.
+    assert max(admitted) - released_at < 0.8

@@ -47,8 +47,11 @@ class _Parked:
 
 
 class WaitRoom:
-    """Local waiters by line, ordered by ticket. Wakes only the local head: the
-    others cannot be granted before it anyway, and waking all would stampede."""
+    """Local waiters by line, ordered by ticket. Each event wakes one waiter:
+    the first in line not already woken. Waking all would stampede; waking
+    only the head would lose the second of two events that arrive before the
+    head has run (a release, then the chain wake of the head's own admission),
+    leaving a free slot idle until the periodic re-check."""
 
     def __init__(self) -> None:
         self._lines: dict[Line, list[_Parked]] = {}
@@ -58,8 +61,14 @@ class WaitRoom:
         line = self._lines.get((event.kind, event.project, event.name))
         if not line:
             return
-        for parked in line if event.wake_all else line[:1]:
-            parked.wake.set()
+        if event.wake_all:
+            for parked in line:
+                parked.wake.set()
+            return
+        for parked in line:
+            if not parked.wake.is_set():
+                parked.wake.set()
+                return
 
     def park(self, line: Line, ticket: int) -> _Parked:
         parked = _Parked(ticket)
@@ -121,6 +130,9 @@ async def wait_in_line(
         while True:
             if disconnected.is_set():
                 raise ClientGone()
+            # Clear before retrying, never after: a wake-up that arrives while
+            # the retry is in flight must survive to end the wait below.
+            parked.wake.clear()
             # Retry at once after parking too: a wake-up between joining the line
             # and parking would otherwise be missed.
             attempt = await retry(ticket)
@@ -137,7 +149,6 @@ async def wait_in_line(
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise on_timeout(attempt)
-            parked.wake.clear()
             pause = min(remaining, RECHECK_S, attempt.recheck_s or RECHECK_S)
             await _wait_any(parked, disconnected, room.closing, max(pause, 0.005))
             if disconnected.is_set():
