@@ -83,3 +83,9 @@ def test_renew_interval_defaults_to_a_third_of_the_term():
 def test_status_classes():
     assert [rules.status_class(s) for s in (100, 204, 301, 429, 599)] == [
         "1xx", "2xx", "3xx", "4xx", "5xx"]
+
+
+def test_retry_after_uses_the_typical_hold_when_known():
+    assert rules.retry_after_ms([T0 + 60_000], T0, typical_hold_ms=120.4) == 121
+    assert rules.retry_after_ms([T0 + 50], T0, typical_hold_ms=120.4) == 50
+    assert rules.retry_after_ms([], T0, typical_hold_ms=120.4) is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from fencepost.errors import Capped, NotFound
@@ -71,12 +72,19 @@ def renew(slot: Slot | None, config: PoolConfig, now_ms: int) -> Slot:
     return Slot(slot.slot_id, slot.pool, slot.acquired_ms, deadline, slot.request_deadline_ms)
 
 
-def retry_after_ms(live_request_deadlines: list[int], now_ms: int) -> int | None:
-    """When a slot is sure to free: the earliest hard cap among held slots (renewals
-    cannot pass it). None when nothing is held (the refusal is the queue)."""
+def retry_after_ms(
+    live_request_deadlines: list[int], now_ms: int, typical_hold_ms: float | None = None
+) -> int | None:
+    """When to try again: the typical time a slot is held, when the pool has
+    learned it from releases, else when a slot is sure to free (the earliest
+    hard cap among held slots; renewals cannot pass it). None when nothing is
+    held (the refusal is the queue)."""
     if not live_request_deadlines:
         return None
-    return max(1, min(live_request_deadlines) - now_ms)
+    certain = max(1, min(live_request_deadlines) - now_ms)
+    if typical_hold_ms is None:
+        return certain
+    return max(1, min(certain, math.ceil(typical_hold_ms)))
 
 
 def status_class(status: int) -> str:

@@ -241,7 +241,7 @@ def _try_admit(
                 (project, pool, tx.now_ms),
             ).fetchall()
         ]
-        blocked_ms = rules.retry_after_ms(deadlines, tx.now_ms)
+        blocked_ms = rules.retry_after_ms(deadlines, tx.now_ms, state.governor.hold_ms)
     return SlotAttempt(None, None, used, state.limit, blocked_ms)
 
 
