@@ -134,6 +134,9 @@ async def test_pools_survive_reopen(store, clock):
 
 # --- adaptive admission (SPEC §4.5) -------------------------------------------
 
+import math  # noqa: E402
+
+from fencepost.core import governor as gov  # noqa: E402
 from fencepost.core.ratelimit_headers import RateLimitInfo  # noqa: E402
 
 THROTTLED = SlotReport(status=429, report_json="{}")
@@ -150,11 +153,13 @@ async def test_throttle_reports_lower_the_effective_limit(store, clock):
     await store.put_pool(P, "ad", PoolConfig(limit=10, adaptive=True))
     await _hold_and_report(store, "ad", THROTTLED, clock)
     view = await store.get_pool(P, "ad")
-    assert view.effective_limit == 7 and view.governor.plateau == 10
+    lowered = math.floor(10 * gov.BETA)
+    assert lowered < 10
+    assert view.effective_limit == lowered and view.governor.plateau == 10
     # the lowered limit is enforced
-    held = [await store.acquire_slot(P, "ad", wait_alive_ms=None) for _ in range(8)]
-    assert sum(a.slot is not None for a in held) == 7
-    assert held[-1].effective_limit == 7
+    held = [await store.acquire_slot(P, "ad", wait_alive_ms=None) for _ in range(lowered + 1)]
+    assert sum(a.slot is not None for a in held) == lowered
+    assert held[-1].effective_limit == lowered
 
 
 async def test_successes_raise_it_again(store, clock):
