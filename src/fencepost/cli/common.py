@@ -163,3 +163,18 @@ def stderr_is_terminal() -> bool:
         return sys.stderr.isatty()
     except (AttributeError, ValueError):
         return False
+
+
+async def follow_pages(
+    fetch: Callable[[str | None, int], Awaitable[tuple[list[T], str | None]]], limit: int
+) -> tuple[list[T], str | None]:
+    """Up to `limit` items of a paged list route, following `next` cursors;
+    returns them and the cursor after the last (None at the end)."""
+    items: list[T] = []
+    after: str | None = None
+    while len(items) < limit:
+        page, after = await fetch(after, min(1000, limit - len(items)))
+        items.extend(page)
+        if after is None:
+            break
+    return items, after

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from fencepost.cli.common import Ctx, api_command, connection_options
+from fencepost.cli.common import Ctx, api_command, connection_options, follow_pages
 from fencepost.cli.params import JSON_OBJECT, NAME, UUID
 from fencepost.cli.progress import ProgressLine, lock_waiting, while_waiting
 from fencepost.cli.render import compact_json, duration, fields, relative, table, when
@@ -128,16 +128,13 @@ async def show(ctx: Ctx, key: str) -> None:
 @api_command
 async def list_(ctx: Ctx, prefix: str | None, limit: int) -> None:
     """List held locks, sorted by key."""
-    locks: list[LockInfo] = []
-    after: str | None = None
     async with ctx.client() as client:
-        while len(locks) < limit:
-            page = await client.list_locks(prefix=prefix, limit=min(1000, limit - len(locks)),
-                                           after=after)
-            locks.extend(page.locks)
-            after = page.next
-            if after is None:
-                break
+
+        async def fetch(after: str | None, size: int) -> tuple[list[LockInfo], str | None]:
+            page = await client.list_locks(prefix=prefix, limit=size, after=after)
+            return page.locks, page.next
+
+        locks, after = await follow_pages(fetch, limit)
     ctx.emit({"locks": [i.to_dict() for i in locks], "next": after}, lambda: table(
         ["KEY", "TOKEN", "OPERATION", "HELD FOR", "EXPIRES", "WAITERS"],
         [[i.key, i.fencing_token, i.operation,

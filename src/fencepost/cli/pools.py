@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from fencepost.cli.common import Ctx, api_command, connection_options
+from fencepost.cli.common import Ctx, api_command, connection_options, follow_pages
 from fencepost.cli.params import HEADER, NAME
 from fencepost.cli.progress import ProgressLine, slot_waiting, while_waiting
 from fencepost.cli.render import duration, epoch_ms, fields, relative, table
@@ -99,16 +99,13 @@ async def show(ctx: Ctx, name: str) -> None:
 @api_command
 async def list_(ctx: Ctx, prefix: str | None, limit: int) -> None:
     """List pools, sorted by name."""
-    pools: list[PoolInfo] = []
-    after: str | None = None
     async with ctx.client() as client:
-        while len(pools) < limit:
-            page = await client.list_pools(prefix=prefix, limit=min(1000, limit - len(pools)),
-                                           after=after)
-            pools.extend(page.pools)
-            after = page.next
-            if after is None:
-                break
+
+        async def fetch(after: str | None, size: int) -> tuple[list[PoolInfo], str | None]:
+            page = await client.list_pools(prefix=prefix, limit=size, after=after)
+            return page.pools, page.next
+
+        pools, after = await follow_pages(fetch, limit)
     ctx.emit({"pools": [p.to_dict() for p in pools], "next": after}, lambda: table(
         ["NAME", "LIMIT", "EFFECTIVE", "IN USE", "QUEUED", "TERM"],
         [[p.name, p.limit, p.effective_limit, p.in_use, p.queued, _ms(p.term_ms)]
