@@ -53,6 +53,7 @@ def serve(
 ) -> None:
     """Run the lock service."""
     from fencepost.server.app import AppConfig, create_app
+    from fencepost.server.proxies import TrustedProxies
     from fencepost.server.runner import serve as run_server
 
     bootstrap_key = os.environ.get("FENCEPOST_BOOTSTRAP_KEY") or None
@@ -60,6 +61,11 @@ def serve(
         raise click.UsageError(
             f"FENCEPOST_BOOTSTRAP_KEY must be at least {MIN_BOOTSTRAP_SECRET_LENGTH} characters."
         )
+    proxies = [p.strip() for p in trusted_proxies.split(",") if p.strip()]
+    try:
+        TrustedProxies(proxies)
+    except ValueError as exc:
+        raise click.UsageError(f"--trusted-proxies: {exc}") from None
     try:
         backend = make_store(store, readers=store_readers)
     except ValueError as exc:
@@ -82,7 +88,6 @@ def serve(
         AppConfig(access_log=access_log, bootstrap_key=bootstrap_key, on_bootstrap=announce),
     )
     click.echo(f"fencepost: serving on http://{host}:{port} with {redacted(store)}", err=True)
-    proxies = [p.strip() for p in trusted_proxies.split(",") if p.strip()]
     run_server(app, host, port, proxies)
 
 

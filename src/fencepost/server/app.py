@@ -1,28 +1,30 @@
-"""The ASGI application: routes from the table, JSON errors everywhere, and the
-background work (reaper) tied to the app's lifespan."""
+"""The application: routes from the table, JSON errors everywhere, request IDs,
+and the background work (reaper) tied to the server's start and stop."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import sys
 import traceback
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable
+from typing import Any, Callable
 
-from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route, compile_path
-
-from fencepost.errors import FencepostError, MethodNotAllowed, NotFound
+from fencepost.errors import (
+    FencepostError,
+    InvalidRequest,
+    MethodNotAllowed,
+    NotFound,
+    PayloadTooLarge,
+)
 from fencepost.server.access_log import AccessLog
 from fencepost.server.auth import Authenticator
 from fencepost.server.context import Services
 from fencepost.server.http import error_response
+from fencepost.server.messages import Request, Response
 from fencepost.server.openapi import build_openapi
-from fencepost.server.request_id import RequestIdMiddleware
+from fencepost.server.request_id import request_id_for
 from fencepost.server.routes.table import ROUTES
 from fencepost.server.waiting import WaitRoom
 from fencepost.store.base import Store
@@ -40,26 +42,6 @@ class AppConfig:
     on_bootstrap: Callable[[str, bool], None] | None = None
 
 
-async def _http_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
-    if exc.status_code == 404:
-        return error_response(NotFound("No such route."))
-    if exc.status_code == 405:
-        # RFC 9110 §15.5.6: a 405 names the methods the route allows.
-        return error_response(MethodNotAllowed(headers=dict(exc.headers or {})))
-    return error_response(FencepostError(str(exc.detail)))
-
-
-async def _fencepost_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, FencepostError)
-    return error_response(exc)
-
-
-async def _unexpected(request: Request, exc: Exception) -> Response:
-    # The traceback goes to the server's stderr; the caller gets the envelope only.
-    return error_response(FencepostError())
-
-
 async def _reap_forever(store: Store) -> None:
     while True:
         try:
@@ -69,112 +51,108 @@ async def _reap_forever(store: Store) -> None:
         await asyncio.sleep(REAP_INTERVAL_S)
 
 
-def _routes() -> list[Route]:
-    """One Starlette route per path, dispatching on the method, so that a 405
-    lists every method the path allows."""
-    routes = []
-    for path, handlers in _handlers_by_path().items():
-
-        async def dispatch(request: Request, handlers: dict[str, Any] = handlers) -> Response:
-            return await handlers[request.method](request)  # type: ignore[no-any-return]
-
-        routes.append(Route(path, dispatch, methods=list(handlers)))
-    return routes
+Handler = Callable[[Request], Any]
 
 
-class DirectRoutes:
-    """The hot path: requests for a route in the table go straight to its
-    handler, past Starlette's middleware stack, which cost about a fifth of the
-    server's CPU per request in the benchmark's profile. Anything else
-    (lifespan, unknown paths, wrong methods) goes to the Starlette app, which
-    answers it as before. Errors become their JSON envelope here, as there."""
+class _Path:
+    """One path of the table and its handler per method."""
 
-    def __init__(self, app: Starlette) -> None:
-        self.app = app
-        self._routes: list[tuple[Any, dict[str, Any]]] = []
-        for path, handlers in _handlers_by_path().items():
-            regex, _, _ = compile_path(path)
-            self._routes.append((regex, handlers))
+    def __init__(self, template: str) -> None:
+        # A parameter is one non-empty path segment: "/v1/locks//lease" and
+        # "/v1/locks/" are no route (404), not a lock with an empty name.
+        self.regex = re.compile(
+            re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[^/]+)", re.escape(template)) + r"\Z"
+        )
+        self.handlers: dict[str, Handler] = {}
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            path = scope["path"]
-            for regex, handlers in self._routes:
-                match = regex.match(path)
-                if match is not None:
-                    handler = handlers.get(scope["method"])
-                    if handler is None:
-                        break  # a 405, answered by Starlette with its Allow header
-                    scope["app"] = self.app
-                    scope["path_params"] = match.groupdict()
-                    try:
-                        response = await handler(Request(scope, receive))
-                    except FencepostError as error:
-                        response = error_response(error)
-                    except Exception:  # noqa: BLE001 - never a stack trace to the caller
-                        traceback.print_exc(file=sys.stderr)
-                        response = error_response(FencepostError())
-                    await response(scope, receive, send)
-                    return
-        await self.app(scope, receive, send)
+    @property
+    def allow(self) -> str:
+        return ", ".join(self.handlers)
 
 
-def _handlers_by_path() -> dict[str, dict[str, Any]]:
-    by_path: dict[str, dict[str, Any]] = {}
+def _paths() -> list[_Path]:
+    by_template: dict[str, _Path] = {}
     for spec in ROUTES:
-        by_path.setdefault(spec.path, {})[spec.method] = spec.handler
-    for handlers in by_path.values():
-        if "GET" in handlers:
-            handlers["HEAD"] = handlers["GET"]
-    return by_path
+        by_template.setdefault(spec.path, _Path(spec.path)).handlers[spec.method] = spec.handler
+    for path in by_template.values():
+        if "GET" in path.handlers:
+            path.handlers["HEAD"] = path.handlers["GET"]
+    return list(by_template.values())
 
 
-def create_app(store: Store, config: AppConfig) -> Any:
-    waiters = WaitRoom()
-    store.add_freed_listener(waiters.on_freed)
+class App:
+    def __init__(self, store: Store, config: AppConfig) -> None:
+        self.store = store
+        self.config = config
+        waiters = WaitRoom()
+        store.add_freed_listener(waiters.on_freed)
+        self.services = Services(
+            store=store,
+            auth=Authenticator(store),
+            waiters=waiters,
+            access_log=AccessLog(config.access_log),
+        )
+        self.openapi = build_openapi()
+        self._paths = _paths()
+        self._reaper: asyncio.Task[None] | None = None
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await store.open()
-        secret = await store.bootstrap(config.bootstrap_key)
-        if secret is not None and config.on_bootstrap is not None:
-            config.on_bootstrap(secret, config.bootstrap_key is None)
-        app.state.loop = asyncio.get_running_loop()
-        reaper = asyncio.create_task(_reap_forever(store))
-        try:
-            yield
-        finally:
-            reaper.cancel()
+    # --- lifecycle ----------------------------------------------------------
+    async def startup(self) -> None:
+        await self.store.open()
+        secret = await self.store.bootstrap(self.config.bootstrap_key)
+        if secret is not None and self.config.on_bootstrap is not None:
+            self.config.on_bootstrap(secret, self.config.bootstrap_key is None)
+        self._reaper = asyncio.create_task(_reap_forever(self.store))
+
+    def begin_shutdown(self) -> None:
+        """Answer parked waiters (503) so that a stop is prompt."""
+        self.services.waiters.shut()
+
+    async def shutdown(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await reaper
-            await store.close()
-            app.state.services.access_log.close()
+                await self._reaper
+        await self.store.close()
+        self.services.access_log.close()
 
-    app = Starlette(
-        routes=_routes(),
-        exception_handlers={
-            HTTPException: _http_error,
-            FencepostError: _fencepost_error,
-            Exception: _unexpected,
-        },
-        lifespan=lifespan,
-    )
-    # "/v1/locks/" is a lock with an empty name, not a typo to redirect.
-    app.router.redirect_slashes = False
-    app.state.services = Services(
-        store=store,
-        auth=Authenticator(store),
-        waiters=waiters,
-        access_log=AccessLog(config.access_log),
-    )
-    app.state.openapi = build_openapi()
-    app.state.loop = None
-    return RequestIdMiddleware(DirectRoutes(app))
+    # --- requests -----------------------------------------------------------
+    async def handle(self, request: Request) -> Response:
+        request.request_id = request_id_for(request.headers.get("x-request-id"))
+        try:
+            response: Response = await self._dispatch(request)
+            return response
+        except FencepostError as error:
+            return error_response(error)
+        except Exception:  # noqa: BLE001 - never a stack trace to the caller
+            traceback.print_exc(file=sys.stderr)
+            return error_response(FencepostError())
+
+    def _dispatch(self, request: Request) -> Any:
+        for path in self._paths:
+            match = path.regex.match(request.path)
+            if match is None:
+                continue
+            handler = path.handlers.get(request.method)
+            if handler is None:
+                # RFC 9110 §15.5.6: a 405 names the methods the route allows.
+                raise MethodNotAllowed(headers={"Allow": path.allow})
+            request.path_params = match.groupdict()
+            return handler(request)
+        raise NotFound("No such route.")
+
+    def refuse(self, status: int, message: str, headers: dict[str, str]) -> tuple[Response, str]:
+        """The answer to a request the connection could not pass on, and its
+        request ID."""
+        error: FencepostError
+        if status == 413:
+            error = PayloadTooLarge()
+        elif status == 400:
+            error = InvalidRequest(message)
+        else:
+            error = FencepostError()
+        return error_response(error), request_id_for(headers.get("x-request-id"))
 
 
-def begin_shutdown(asgi_app: Any) -> None:
-    """Called from a signal handler: answer parked waiters so a stop is prompt."""
-    app = asgi_app.app.app
-    loop = app.state.loop
-    if loop is not None:
-        loop.call_soon_threadsafe(app.state.services.waiters.shut)
+def create_app(store: Store, config: AppConfig) -> App:
+    return App(store, config)

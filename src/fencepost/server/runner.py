@@ -1,50 +1,79 @@
-"""Running the app under uvicorn with a clean, prompt SIGTERM."""
+"""Running the app: listen, serve until SIGTERM/SIGINT, then stop gracefully."""
 
 from __future__ import annotations
 
-from types import FrameType
-from typing import Any
+import asyncio
+import signal
+import sys
+from typing import Any, Coroutine
 
-import uvicorn
-
-from fencepost.server.app import begin_shutdown
+from fencepost.server.app import App
+from fencepost.server.proxies import TrustedProxies
+from fencepost.server.wire import Connections
 
 # In-flight requests get this long to finish after SIGTERM.
-GRACEFUL_SHUTDOWN_S = 10
+GRACEFUL_SHUTDOWN_S = 10.0
+_POLL_S = 0.02
 
 
-class _Server(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, app: Any) -> None:
-        super().__init__(config)
-        self._app = app
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        super().handle_exit(sig, frame)
-        # A graceful stop is a clean exit (status 0), so uvicorn must not
-        # re-raise the signal once it has finished shutting down.
-        self._captured_signals.clear()
-        begin_shutdown(self._app)
-
-
-def serve(app: Any, host: str, port: int, trusted_proxies: list[str] | None = None) -> None:
-    """Run until SIGTERM/SIGINT. X-Forwarded-For is believed only from
-    `trusted_proxies`: otherwise any client could claim an allowlisted address."""
-    config = uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        proxy_headers=bool(trusted_proxies),
-        forwarded_allow_ips=list(trusted_proxies or []),
-        loop="uvloop",
-        http="httptools",
-        lifespan="on",
-        access_log=False,  # fencepost writes its own access log, without secrets
-        log_level="warning",
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        timeout_keep_alive=30,
-        server_header=False,
-    )
-    server = _Server(config, app)
-    server.run()
-    if not server.started:
+def serve(app: App, host: str, port: int, trusted_proxies: list[str] | None = None) -> None:
+    """Run until SIGTERM/SIGINT (exit 0 after a graceful stop); exit 1 when the
+    store cannot be opened or the address cannot be bound. X-Forwarded-For is
+    believed only from `trusted_proxies`."""
+    proxies = TrustedProxies(list(trusted_proxies or []))
+    try:
+        ok = _run(_serve(app, host, port, proxies))
+    except KeyboardInterrupt:  # a second Ctrl-C while stopping
+        ok = True
+    if not ok:
         raise SystemExit(1)
+
+
+def _run(main: Coroutine[Any, Any, bool]) -> bool:
+    try:
+        import uvloop
+    except ImportError:  # not on every platform; the stock loop works, slower
+        return asyncio.run(main)
+    return uvloop.run(main)
+
+
+async def _serve(app: App, host: str, port: int, proxies: TrustedProxies) -> bool:
+    loop = asyncio.get_running_loop()
+    try:
+        await app.startup()
+    except Exception as exc:  # noqa: BLE001 - reported in one line, no traceback
+        print(f"fencepost: cannot start: {exc}", file=sys.stderr)
+        return False
+    connections = Connections(app, app.handle, app.refuse, proxies)
+    try:
+        server = await loop.create_server(
+            connections.protocol, host, port, reuse_address=True, backlog=2048
+        )
+    except OSError as exc:
+        print(f"fencepost: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
+        await app.shutdown()
+        return False
+
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, _on_signal, stop, connections)
+    await stop.wait()
+
+    # Graceful stop: no new connections, parked waiters answered at once (503),
+    # idle connections closed, busy ones given time to finish their response.
+    server.close()
+    app.begin_shutdown()
+    connections.shut()
+    deadline = loop.time() + GRACEFUL_SHUTDOWN_S
+    while connections.busy() and loop.time() < deadline and not connections.aborted:
+        await asyncio.sleep(_POLL_S)
+    connections.abort()
+    await asyncio.sleep(0)  # let the aborted transports report connection_lost
+    await app.shutdown()
+    return True
+
+
+def _on_signal(stop: asyncio.Event, connections: Connections) -> None:
+    if stop.is_set():
+        connections.aborted = True  # asked twice: stop waiting for requests
+    stop.set()

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from starlette.requests import Request
-from starlette.responses import Response
-
 from fencepost.core.keys import Role, parse_networks
 from fencepost.core.timefmt import format_at
 from fencepost.errors import NotFound
 from fencepost.server import schemas
 from fencepost.server.context import endpoint, services
 from fencepost.server.http import json_response, read_body
+from fencepost.server.messages import Request, Response
 from fencepost.server.validation import decode_body, invalid_field
 from fencepost.store.base import KeyRecord, NewKey
 

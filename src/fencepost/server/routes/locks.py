@@ -5,8 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
-from starlette.requests import Request
-from starlette.responses import Response
 
 from fencepost.core import leases as rules
 from fencepost.core.keys import Role
@@ -18,6 +16,7 @@ from fencepost.server.attempts import AttemptLog, get_or_wait
 from fencepost.server.context import endpoint, path_name, request_id, services
 from fencepost.server.http import json_response, read_body, required_uuid_header
 from fencepost.server.listing import list_query, page
+from fencepost.server.messages import Request, Response
 from fencepost.server.validation import decode_body, invalid_field
 from fencepost.server.waiting import WAITER_ALIVE_MS, Attempt, ClientGone
 from fencepost.store.base import AcquireResult, LockView

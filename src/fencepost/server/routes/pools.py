@@ -5,8 +5,6 @@ from __future__ import annotations
 import re
 
 import msgspec
-from starlette.requests import Request
-from starlette.responses import Response
 
 from fencepost.core import slots as rules
 from fencepost.core.keys import Role
@@ -26,6 +24,7 @@ from fencepost.server.attempts import AttemptLog, get_or_wait
 from fencepost.server.context import endpoint, path_name, services
 from fencepost.server.http import json_response, read_body
 from fencepost.server.listing import list_query, page
+from fencepost.server.messages import Request, Response
 from fencepost.server.validation import decode_body
 from fencepost.server.waiting import WAITER_ALIVE_MS, Attempt, ClientGone
 from fencepost.store.base import PoolView, SlotAttempt, SlotReport, Store

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from starlette.requests import Request
-from starlette.responses import Response
-
 from fencepost import __version__
 from fencepost.errors import FencepostError, StoreUnavailable
 from fencepost.server import schemas
 from fencepost.server.context import services
 from fencepost.server.http import error_response, json_response
+from fencepost.server.messages import Request, Response
 
 
 async def healthz(request: Request) -> Response:
@@ -26,4 +24,4 @@ async def healthz(request: Request) -> Response:
 
 
 async def openapi(request: Request) -> Response:
-    return Response(request.app.state.openapi, media_type="application/json")
+    return Response(request.app.openapi, media_type="application/json")

@@ -1,0 +1,112 @@
+"""A request and a response as the routes see them: plain objects built by the
+connection (server/wire.py), with only what the routes use."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncIterator, NamedTuple, overload
+from urllib.parse import parse_qsl
+
+
+class Address(NamedTuple):
+    host: str
+    port: int
+
+
+class Headers:
+    """Request headers by lower-case name. A repeated header keeps its first
+    value, as most frameworks' `get` does."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: dict[str, str]) -> None:
+        self._values = values
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        return self._values.get(name.lower(), default)
+
+    def __contains__(self, name: str) -> bool:
+        return name.lower() in self._values
+
+
+class QueryParams:
+    """Query parameters; a repeated parameter keeps its last value."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, query_string: str) -> None:
+        self._values = dict(parse_qsl(query_string, keep_blank_values=True))
+
+    def keys(self) -> list[str]:
+        return list(self._values)
+
+    @overload
+    def get(self, name: str) -> str | None: ...
+
+    @overload
+    def get(self, name: str, default: str) -> str: ...
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        return self._values.get(name, default)
+
+
+class Request:
+    __slots__ = (
+        "app", "method", "path", "query_string", "headers", "path_params", "client",
+        "body", "request_id", "_gone", "_query",
+    )
+
+    def __init__(
+        self,
+        app: Any,
+        method: str,
+        path: str,
+        query_string: str,
+        headers: dict[str, str],
+        client: Address | None,
+        body: bytes,
+        request_id: str,
+        gone: asyncio.Event,
+    ) -> None:
+        self.app = app
+        self.method = method
+        self.path = path
+        self.query_string = query_string
+        self.headers = Headers(headers)
+        self.path_params: dict[str, str] = {}
+        self.client = client
+        self.body = body
+        self.request_id = request_id
+        self._gone = gone
+        self._query: QueryParams | None = None
+
+    @property
+    def query_params(self) -> QueryParams:
+        if self._query is None:
+            self._query = QueryParams(self.query_string)
+        return self._query
+
+    async def stream(self) -> AsyncIterator[bytes]:
+        # The connection has read (and size-checked) the whole body already.
+        yield self.body
+
+    async def receive(self) -> dict[str, Any]:
+        """ASGI-style: returns `http.disconnect` once the client has gone."""
+        await self._gone.wait()
+        return {"type": "http.disconnect"}
+
+
+class Response:
+    __slots__ = ("body", "status_code", "headers", "media_type")
+
+    def __init__(
+        self,
+        content: bytes = b"",
+        status_code: int = 200,
+        headers: dict[str, str] | None = None,
+        media_type: str | None = None,
+    ) -> None:
+        self.body = content
+        self.status_code = status_code
+        self.headers = headers
+        self.media_type = media_type

@@ -1,0 +1,364 @@
+"""HTTP/1.1 connections, straight from the socket to the routes.
+
+httptools (llhttp, the parser in Node.js) parses; this module keeps the
+connection: one request served at a time in arrival order (pipelined requests
+wait their turn), bodies capped at 64 KiB, `Expect: 100-continue`, keep-alive
+with an idle timeout, back-pressure both ways, and a graceful close. It exists
+because the general ASGI path (uvicorn + Starlette) cost most of the server's
+CPU per request in the benchmark's profile (README "Benchmarks"); every route
+is served here, so there is one path to test, not a fast one and a slow one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import email.utils
+import http
+import sys
+import time
+import traceback
+import urllib.parse
+from typing import Any, Awaitable, Callable, cast
+
+import httptools
+
+from fencepost.server.http import MAX_BODY_BYTES
+from fencepost.server.messages import Address, Request, Response
+from fencepost.server.proxies import TrustedProxies
+
+MAX_HEAD_BYTES = 64 * 1024  # request line and headers together
+KEEP_ALIVE_S = 30.0
+# Parsed requests waiting behind the one being served; past this many the
+# connection stops reading until they are answered.
+MAX_PIPELINED = 8
+
+_STATUS_LINES = {
+    status.value: f"HTTP/1.1 {status.value} {status.phrase}\r\n".encode("latin-1")
+    for status in http.HTTPStatus
+}
+_STATUS_LINES[499] = b"HTTP/1.1 499 Client Closed Request\r\n"
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+# The app: a request in, a response out; it never raises.
+Handle = Callable[[Request], Awaitable[Response]]
+# An error answered by the connection itself (malformed HTTP, oversize body),
+# from its status, message and the request's headers: the response and its
+# request ID.
+Refusal = Callable[[int, str, dict[str, str]], tuple[Response, str]]
+
+
+class _DateHeader:
+    """The Date header (RFC 9110 §6.6.1), formatted once a second."""
+
+    def __init__(self) -> None:
+        self._second = 0
+        self._value = b""
+
+    def get(self) -> bytes:
+        now = int(time.time())
+        if now != self._second:
+            self._second = now
+            self._value = b"date: " + email.utils.formatdate(now, usegmt=True).encode() + b"\r\n"
+        return self._value
+
+
+class Connections:
+    """What every connection of one listener shares, and the set of them, so a
+    shutdown can close idle ones and wait for busy ones."""
+
+    def __init__(self, app: Any, handle: Handle, refuse: Refusal, proxies: TrustedProxies) -> None:
+        self.app = app
+        self.handle = handle
+        self.refuse = refuse
+        self.proxies = proxies
+        self.date = _DateHeader()
+        self.open: set[HttpConnection] = set()
+        self.closing = False
+        self.aborted = False  # stop waiting for busy connections
+
+    def protocol(self) -> HttpConnection:
+        return HttpConnection(self)
+
+    def shut(self) -> None:
+        """Stop taking requests: idle connections close now, busy ones after
+        their current response."""
+        self.closing = True
+        for connection in list(self.open):
+            connection.close_when_idle()
+
+    def busy(self) -> int:
+        return sum(1 for connection in self.open if connection.busy)
+
+    def abort(self) -> None:
+        for connection in list(self.open):
+            connection.abort()
+
+
+class _Pending:
+    """A parsed request waiting for its turn: either one for the app, or an
+    answer the connection gives itself (`refusal`)."""
+
+    __slots__ = ("method", "url", "headers", "body", "keep_alive", "refusal")
+
+    def __init__(
+        self, method: str, url: bytes, headers: dict[str, str], body: bytes, keep_alive: bool,
+        refusal: tuple[int, str] | None = None,
+    ) -> None:
+        self.method = method
+        self.url = url
+        self.headers = headers
+        self.body = body
+        self.keep_alive = keep_alive
+        self.refusal = refusal
+
+
+class HttpConnection(asyncio.Protocol):
+    def __init__(self, shared: Connections) -> None:
+        self._shared = shared
+        self._loop = asyncio.get_running_loop()
+        self._transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpRequestParser(self)
+        self._peer: Address | None = None
+        self._gone = asyncio.Event()
+        self._queue: collections.deque[_Pending] = collections.deque()
+        self.busy = False
+        self._reading_paused = False
+        self._writing_paused = False
+        self._close_after = False  # close once the current response is out
+        self._broken = False  # unparseable input: no more requests from it
+        self._idle_timer: asyncio.TimerHandle | None = None
+        # The request being parsed.
+        self._url = b""
+        self._headers: dict[str, str] = {}
+        self._head_bytes = 0
+        self._body: list[bytes] = []
+        self._body_bytes = 0
+        self._head_refusal: tuple[int, str] | None = None
+
+    # --- asyncio.Protocol ---------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple) and len(peer) >= 2:
+            self._peer = Address(str(peer[0]), int(peer[1]))
+        self._shared.open.add(self)
+        if self._shared.closing:
+            transport.close()
+            return
+        self._wait_idle()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._shared.open.discard(self)
+        self._gone.set()  # parked waiters see that their caller left
+        self._cancel_idle()
+        self._queue.clear()
+        self._transport = None
+
+    def data_received(self, data: bytes) -> None:
+        self._cancel_idle()
+        if self._broken:
+            return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            # No protocol switching here: the request is answered as plain
+            # HTTP (it is queued), and whatever follows it is not HTTP/1.1.
+            self._close_after = True
+            self._stop_reading_input()
+            if not self.busy and not self._queue and self._transport is not None:
+                self._transport.close()
+        except httptools.HttpParserError:
+            if not self._broken:
+                self._refuse_and_stop(400, "The request is not valid HTTP/1.1.")
+        if not self.busy and not self._broken:
+            self._wait_idle()  # a request that stops half-way is dropped too
+
+    def pause_writing(self) -> None:
+        # The client is not reading its responses: stop reading its requests.
+        self._writing_paused = True
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        self._update_reading()
+
+    # --- httptools callbacks ------------------------------------------------
+    def on_message_begin(self) -> None:
+        self._url = b""
+        self._headers = {}
+        self._head_bytes = 0
+        self._body = []
+        self._body_bytes = 0
+        self._head_refusal = None
+
+    def on_url(self, url: bytes) -> None:
+        if self._grow_head(len(url), "The request's URL is too long."):
+            self._url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._grow_head(len(name) + len(value), "The request's headers are too large."):
+            self._headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
+
+    def _grow_head(self, size: int, message: str) -> bool:
+        """Count the request head; False once it is over the cap (the request
+        will be refused), and a parse error far beyond it (cut the connection)."""
+        self._head_bytes += size
+        if self._head_bytes <= MAX_HEAD_BYTES:
+            return True
+        if self._head_bytes > 2 * MAX_HEAD_BYTES:
+            raise httptools.HttpParserError("request head far over the limit")
+        if self._head_refusal is None:
+            self._head_refusal = (400, message)
+        return False
+
+    def on_headers_complete(self) -> None:
+        declared = self._headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+            # Answered at once, without reading a byte of the body.
+            self._refuse_and_stop(413, "The request body is over 64 KiB.")
+        elif self._headers.get("expect", "").lower() == "100-continue":
+            if self._transport is not None and not self.busy and not self._queue:
+                self._transport.write(_CONTINUE)
+
+    def on_body(self, chunk: bytes) -> None:
+        if self._broken:
+            return
+        self._body_bytes += len(chunk)
+        if self._body_bytes > MAX_BODY_BYTES:  # chunked: refused before it ends
+            self._body = []
+            self._refuse_and_stop(413, "The request body is over 64 KiB.")
+        else:
+            self._body.append(chunk)
+
+    def on_message_complete(self) -> None:
+        if self._broken:
+            return
+        keep_alive = self._parser.should_keep_alive()
+        refusal = self._head_refusal
+        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        method = self._parser.get_method().decode("ascii", "replace")
+        self._queue.append(_Pending(method, self._url, self._headers, body, keep_alive, refusal))
+        self._update_reading()
+        if not self.busy:
+            self._serve_next()
+
+    # --- serving ------------------------------------------------------------
+    def _serve_next(self) -> None:
+        if not self._queue or self._transport is None:
+            return
+        pending = self._queue.popleft()
+        self.busy = True
+        self._update_reading()
+        if pending.refusal is not None:
+            status, message = pending.refusal
+            response, request_id = self._shared.refuse(status, message, pending.headers)
+            self._respond(response, pending, request_id, False)
+            return
+        self._loop.create_task(self._serve(pending))
+
+    async def _serve(self, pending: _Pending) -> None:
+        request = self._request(pending)
+        try:
+            response = await self._shared.handle(request)
+        except Exception:  # noqa: BLE001 - the app answers its own errors; this is a bug
+            traceback.print_exc(file=sys.stderr)
+            response, _ = self._shared.refuse(500, "The server failed unexpectedly.", {})
+        self._respond(response, pending, request.request_id, pending.method == "HEAD")
+
+    def _request(self, pending: _Pending) -> Request:
+        url = httptools.parse_url(pending.url)
+        path = url.path.decode("latin-1")
+        if "%" in path:
+            path = urllib.parse.unquote(path)
+        query = url.query.decode("latin-1") if url.query else ""
+        client = self._peer
+        if client is not None and self._shared.proxies:
+            host = self._shared.proxies.client(client.host, pending.headers.get("x-forwarded-for"))
+            if host != client.host:
+                client = Address(host, 0)
+        return Request(self._shared.app, pending.method, path, query, pending.headers, client,
+                       pending.body, "", self._gone)
+
+    def _respond(self, response: Response, pending: _Pending, request_id: str, head: bool) -> None:
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return  # the client left; nobody to answer
+        keep_alive = pending.keep_alive and not self._close_after and not self._shared.closing
+        body = response.body
+        out = [
+            _STATUS_LINES.get(response.status_code)
+            or f"HTTP/1.1 {response.status_code} Unknown\r\n".encode(),
+            self._shared.date.get(),
+            b"content-length: %d\r\n" % len(body),
+        ]
+        if response.media_type:
+            out.append(b"content-type: " + response.media_type.encode("latin-1") + b"\r\n")
+        if request_id:
+            out.append(b"x-request-id: " + request_id.encode("latin-1") + b"\r\n")
+        if response.headers:
+            for name, value in response.headers.items():
+                out.append(f"{name.lower()}: {value}\r\n".encode("latin-1"))
+        if not keep_alive:
+            out.append(b"connection: close\r\n")
+        out.append(b"\r\n")
+        if not head:
+            out.append(body)
+        transport.write(b"".join(out))
+        self.busy = False
+        if not keep_alive:
+            transport.close()
+            return
+        if self._queue:
+            self._serve_next()
+        else:
+            self._update_reading()
+            self._wait_idle()
+
+    # --- connection state ---------------------------------------------------
+    def _refuse_and_stop(self, status: int, message: str) -> None:
+        """Answer once everything before it is answered, then close."""
+        self._broken = True
+        self._queue.append(_Pending("", b"", self._headers, b"", False, (status, message)))
+        self._stop_reading_input()
+        if not self.busy:
+            self._serve_next()
+
+    def _stop_reading_input(self) -> None:
+        self._broken = True
+        self._update_reading()
+
+    def _update_reading(self) -> None:
+        transport = self._transport
+        if transport is None:
+            return
+        pause = self._broken or self._writing_paused or len(self._queue) >= MAX_PIPELINED
+        if pause and not self._reading_paused:
+            self._reading_paused = True
+            transport.pause_reading()
+        elif not pause and self._reading_paused:
+            self._reading_paused = False
+            transport.resume_reading()
+
+    def _wait_idle(self) -> None:
+        self._cancel_idle()
+        self._idle_timer = self._loop.call_later(KEEP_ALIVE_S, self._idle_timeout)
+
+    def _cancel_idle(self) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+
+    def _idle_timeout(self) -> None:
+        self._idle_timer = None
+        if not self.busy and not self._queue and self._transport is not None:
+            self._transport.close()
+
+    def close_when_idle(self) -> None:
+        self._close_after = True
+        if not self.busy and not self._queue and self._transport is not None:
+            self._transport.close()
+
+    def abort(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()
