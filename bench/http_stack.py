@@ -1,5 +1,7 @@
 """Quick measurement behind the choice of HTTP stack (README "Why this stack").
 
+The first row, fencepost's own connection layer, is the chosen one.
+
 Starts the same trivial JSON endpoint on each candidate server/framework, loads
 it with wrk (64 connections, one wrk thread) on this machine, and prints
 requests/s and p99 with the ratio to the chosen stack. Then runs the real
@@ -78,6 +80,8 @@ def main() -> None:
         sys.exit("wrk is not installed (apt-get install wrk)")
     py = sys.executable
     candidates = {
+        "fencepost server/wire.py (httptools+uvloop)": lambda p: [
+            py, str(HERE / "stack_apps.py"), str(p)],
         "uvicorn+httptools+uvloop, Starlette": lambda p: [
             py, "-m", "uvicorn", "stack_apps:starlette_app", "--port", str(p),
             "--http", "httptools", "--loop", "uvloop", "--no-access-log", "--log-level", "warning"],
