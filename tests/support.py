@@ -62,6 +62,7 @@ class ServerProcess:
     proc: subprocess.Popen[bytes] | None = None
     store: str | None = None  # a PostgreSQL URL; the default is a SQLite file in workdir
     command_prefix: list[str] = field(default_factory=list)  # e.g. faketime
+    extra_args: list[str] = field(default_factory=list)  # more `fencepost serve` options
 
     @property
     def db_path(self) -> Path:
@@ -108,6 +109,7 @@ class ServerProcess:
             "--host", "127.0.0.1",
             "--port", str(self.port),
             "--access-log", str(self.access_log),
+            *self.extra_args,
         ]
         self.proc = subprocess.Popen(
             cmd,

@@ -31,6 +31,8 @@ class TrustedProxies:
             address = ipaddress.ip_address(host)
         except ValueError:
             return False
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped  # a dual-stack proxy's way of writing IPv4
         return any(address in network for network in self._networks)
 
     def client(self, peer: str, forwarded_for: str | None) -> str:

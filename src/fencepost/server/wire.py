@@ -29,6 +29,11 @@ from fencepost.server.proxies import TrustedProxies
 
 MAX_HEAD_BYTES = 64 * 1024  # request line and headers together
 KEEP_ALIVE_S = 30.0
+# After a 413 the rest of the body is read and dropped, up to this much and
+# this long, so that the client reads the answer instead of a reset (closing
+# a socket with unread input resets it, and the reset destroys the answer).
+MAX_DISCARD_BYTES = 4 * 1024 * 1024
+LINGER_S = 5.0
 # Parsed requests waiting behind the one being served; past this many the
 # connection stops reading until they are answered.
 MAX_PIPELINED = 8
@@ -99,17 +104,18 @@ class _Pending:
     """A parsed request waiting for its turn: either one for the app, or an
     answer the connection gives itself (`refusal`)."""
 
-    __slots__ = ("method", "url", "headers", "body", "keep_alive", "refusal")
+    __slots__ = ("method", "url", "headers", "body", "keep_alive", "http10", "refusal")
 
     def __init__(
         self, method: str, url: bytes, headers: dict[str, str], body: bytes, keep_alive: bool,
-        refusal: tuple[int, str] | None = None,
+        http10: bool = False, refusal: tuple[int, str] | None = None,
     ) -> None:
         self.method = method
         self.url = url
         self.headers = headers
         self.body = body
         self.keep_alive = keep_alive
+        self.http10 = http10  # keep-alive must then be announced
         self.refusal = refusal
 
 
@@ -126,8 +132,12 @@ class HttpConnection(asyncio.Protocol):
         self._reading_paused = False
         self._writing_paused = False
         self._close_after = False  # close once the current response is out
-        self._broken = False  # unparseable input: no more requests from it
+        self._broken = False  # no more requests from this connection
+        self._draining = False  # ...but read and drop its input (after a 413)
+        self._discarded = 0
+        self._continue_owed = False  # a 100 Continue to send once it is our turn
         self._idle_timer: asyncio.TimerHandle | None = None
+        self._linger: asyncio.TimerHandle | None = None
         # The request being parsed.
         self._url = b""
         self._headers: dict[str, str] = {}
@@ -152,12 +162,18 @@ class HttpConnection(asyncio.Protocol):
         self._shared.open.discard(self)
         self._gone.set()  # parked waiters see that their caller left
         self._cancel_idle()
+        if self._linger is not None:
+            self._linger.cancel()
         self._queue.clear()
         self._transport = None
 
     def data_received(self, data: bytes) -> None:
         self._cancel_idle()
         if self._broken:
+            if self._draining:
+                self._discarded += len(data)
+                if self._discarded > MAX_DISCARD_BYTES and self._transport is not None:
+                    self._transport.abort()
             return
         try:
             self._parser.feed_data(data)
@@ -171,6 +187,8 @@ class HttpConnection(asyncio.Protocol):
         except httptools.HttpParserError:
             if not self._broken:
                 self._refuse_and_stop(400, "The request is not valid HTTP/1.1.")
+            elif self._draining:  # the parser stopped mid-body: what follows is dropped
+                self._discarded += len(data)
         if not self.busy and not self._broken:
             self._wait_idle()  # a request that stops half-way is dropped too
 
@@ -185,6 +203,7 @@ class HttpConnection(asyncio.Protocol):
 
     # --- httptools callbacks ------------------------------------------------
     def on_message_begin(self) -> None:
+        self._continue_owed = False
         self._url = b""
         self._headers = {}
         self._head_bytes = 0
@@ -216,10 +235,12 @@ class HttpConnection(asyncio.Protocol):
         declared = self._headers.get("content-length", "")
         if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
             # Answered at once, without reading a byte of the body.
-            self._refuse_and_stop(413, "The request body is over 64 KiB.")
+            self._refuse_and_stop(413, "The request body is over 64 KiB.", drain=True)
         elif self._headers.get("expect", "").lower() == "100-continue":
             if self._transport is not None and not self.busy and not self._queue:
                 self._transport.write(_CONTINUE)
+            else:  # earlier requests are still being answered: after them
+                self._continue_owed = True
 
     def on_body(self, chunk: bytes) -> None:
         if self._broken:
@@ -227,18 +248,21 @@ class HttpConnection(asyncio.Protocol):
         self._body_bytes += len(chunk)
         if self._body_bytes > MAX_BODY_BYTES:  # chunked: refused before it ends
             self._body = []
-            self._refuse_and_stop(413, "The request body is over 64 KiB.")
+            self._refuse_and_stop(413, "The request body is over 64 KiB.", drain=True)
         else:
             self._body.append(chunk)
 
     def on_message_complete(self) -> None:
+        self._continue_owed = False
         if self._broken:
             return
         keep_alive = self._parser.should_keep_alive()
-        refusal = self._head_refusal
+        http10 = self._parser.get_http_version() == "1.0"
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         method = self._parser.get_method().decode("ascii", "replace")
-        self._queue.append(_Pending(method, self._url, self._headers, body, keep_alive, refusal))
+        self._queue.append(_Pending(
+            method, self._url, self._headers, body, keep_alive, http10, self._head_refusal
+        ))
         self._update_reading()
         if not self.busy:
             self._serve_next()
@@ -258,7 +282,15 @@ class HttpConnection(asyncio.Protocol):
         self._loop.create_task(self._serve(pending))
 
     async def _serve(self, pending: _Pending) -> None:
-        request = self._request(pending)
+        try:
+            request = self._request(pending)
+        except (httptools.HttpParserError, ValueError):
+            # A target that is no path (CONNECT's host:port, say): no route.
+            response, request_id = self._shared.refuse(
+                400, "The request target is not a path.", pending.headers
+            )
+            self._respond(response, pending, request_id, False)
+            return
         try:
             response = await self._shared.handle(request)
         except Exception:  # noqa: BLE001 - the app answers its own errors; this is a bug
@@ -268,7 +300,8 @@ class HttpConnection(asyncio.Protocol):
 
     def _request(self, pending: _Pending) -> Request:
         url = httptools.parse_url(pending.url)
-        path = url.path.decode("latin-1")
+        # An absolute-form target without a path ("GET http://host") means "/".
+        path = url.path.decode("latin-1") if url.path else "/"
         if "%" in path:
             path = urllib.parse.unquote(path)
         query = url.query.decode("latin-1") if url.query else ""
@@ -301,25 +334,42 @@ class HttpConnection(asyncio.Protocol):
                 out.append(f"{name.lower()}: {value}\r\n".encode("latin-1"))
         if not keep_alive:
             out.append(b"connection: close\r\n")
+        elif pending.http10:
+            out.append(b"connection: keep-alive\r\n")
         out.append(b"\r\n")
         if not head:
             out.append(body)
         transport.write(b"".join(out))
         self.busy = False
         if not keep_alive:
-            transport.close()
+            self._close(transport)
             return
         if self._queue:
             self._serve_next()
-        else:
-            self._update_reading()
-            self._wait_idle()
+            return
+        if self._continue_owed:
+            self._continue_owed = False
+            transport.write(_CONTINUE)
+        self._update_reading()
+        self._wait_idle()
+
+    def _close(self, transport: asyncio.Transport) -> None:
+        if not self._draining or not transport.can_write_eof():
+            transport.close()
+            return
+        # The answer is out; half-close, and keep reading (and dropping) what
+        # the client still sends until it closes, or for LINGER_S at most.
+        transport.write_eof()
+        self._linger = self._loop.call_later(LINGER_S, transport.close)
 
     # --- connection state ---------------------------------------------------
-    def _refuse_and_stop(self, status: int, message: str) -> None:
-        """Answer once everything before it is answered, then close."""
+    def _refuse_and_stop(self, status: int, message: str, drain: bool = False) -> None:
+        """Answer once everything before it is answered, then close. `drain`:
+        keep reading and dropping the input meanwhile (see MAX_DISCARD_BYTES)."""
         self._broken = True
-        self._queue.append(_Pending("", b"", self._headers, b"", False, (status, message)))
+        self._draining = drain
+        refusal = (status, message)
+        self._queue.append(_Pending("", b"", self._headers, b"", False, False, refusal))
         self._stop_reading_input()
         if not self.busy:
             self._serve_next()
@@ -332,7 +382,11 @@ class HttpConnection(asyncio.Protocol):
         transport = self._transport
         if transport is None:
             return
-        pause = self._broken or self._writing_paused or len(self._queue) >= MAX_PIPELINED
+        pause = (
+            (self._broken and not self._draining)
+            or self._writing_paused
+            or len(self._queue) >= MAX_PIPELINED
+        )
         if pause and not self._reading_paused:
             self._reading_paused = True
             transport.pause_reading()
