@@ -57,11 +57,26 @@ class Engine(Protocol):
 
     def execute(self, conn: Any, sql: str, params: tuple[Any, ...]) -> Cursor: ...
 
-    def before_commit(self, conn: Any, events: list[Any]) -> None:
-        """Last statements of a batch, e.g. notifying other replicas."""
+    def commit(self, conn: Any, events: list[Any]) -> None:
+        """Commit the batch, announcing `events` to other replicas with it."""
 
     def broken(self, conn: Any) -> bool:
         """True when the connection cannot be used again."""
+
+
+@dataclass(slots=True)
+class Batch:
+    """What the operations of one batch attempt share: values read once per
+    batch, and `finishers` (by name, each registered once) that write what the
+    operations gathered, after the last operation and before the commit.
+
+    A finisher's writes fall outside the operations' savepoints, so under
+    `isolated` (replay, one savepoint per operation) nothing an operation may
+    later have to undo can be left for a finisher."""
+
+    isolated: bool = True
+    shared: dict[str, Any] = field(default_factory=dict)
+    finishers: dict[str, Callable[[Tx], None]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -73,6 +88,7 @@ class Tx:
     conn: Any
     now_ms: int
     events: list[Any] = field(default_factory=list)
+    batch: Batch = field(default_factory=Batch)
 
     def execute(self, sql: str, params: tuple[Any, ...] = ()) -> Cursor:
         return self.engine.execute(self.conn, sql, params)
@@ -184,9 +200,7 @@ class BatchWriter:
                 done = self._attempt(conn, batch, isolate=True)
             assert done is not None
             outcomes, events = done
-            if self._exclusive:
-                self._engine.before_commit(conn, events)
-            self._engine.execute(conn, "COMMIT", ())
+            self._engine.commit(conn, events if self._exclusive else [])
         except Exception as exc:  # noqa: BLE001 - the writer thread must survive anything
             # Nothing of this batch is durable: fail every caller in it.
             if not isinstance(exc, (StoreUnavailable, *self._engine.errors)):
@@ -207,8 +221,9 @@ class BatchWriter:
         outcomes: list[tuple[_Job[Any], Any, BaseException | None]] = []
         events: list[Any] = []
         clock = self._engine.begin(conn, self._exclusive)
+        shared = Batch(isolated=isolate)
         for job in batch:
-            tx = Tx(self._engine, conn, clock())
+            tx = Tx(self._engine, conn, clock(), [], shared)
             if isolate:
                 self._engine.execute(conn, "SAVEPOINT op", ())
             try:
@@ -226,6 +241,13 @@ class BatchWriter:
                     self._engine.execute(conn, "RELEASE SAVEPOINT op", ())
                 outcomes.append((job, result, None))
                 events.extend(tx.events)
+        try:
+            for finish in shared.finishers.values():
+                finish(Tx(self._engine, conn, clock(), [], shared))
+        except self._engine.errors as exc:
+            if isolate or self._engine.fatal(exc):
+                raise
+            return None  # the replay writes as it goes, in each operation's savepoint
         return outcomes, events
 
     def _abandon(self) -> None:

@@ -27,6 +27,7 @@ from fencepost.store.base import (
 )
 from fencepost.store.batch import BatchWriter, Engine, Tx
 from fencepost.store.sql import keys, locks, pools
+from fencepost.store.sql.known_leases import KnownLeases
 
 T = TypeVar("T")
 
@@ -52,6 +53,7 @@ class SqlStore:
         ]
         self._next_reader = itertools.cycle(self._readers or [self._writer])
         self._pepper = b""
+        self._known = KnownLeases()  # the writer thread's alone
         self._last_prune_ms = 0
 
     def _read(self, fn: Callable[[Tx], T]) -> Awaitable[T]:
@@ -111,14 +113,14 @@ class SqlStore:
         self, project: str, key: str, request: AcquireRequest, *, wait_alive_ms: int | None
     ) -> AcquireResult:
         return await self._writer.run(
-            lambda tx: locks.acquire(tx, project, key, request, wait_alive_ms)
+            lambda tx: locks.acquire(tx, self._known, project, key, request, wait_alive_ms)
         )
 
     async def retry_waiter(
         self, project: str, key: str, request: AcquireRequest, ticket: int, alive_ms: int
     ) -> AcquireResult:
         return await self._writer.run(
-            lambda tx: locks.retry_waiter(tx, project, key, request, ticket, alive_ms)
+            lambda tx: locks.retry_waiter(tx, self._known, project, key, request, ticket, alive_ms)
         )
 
     async def leave_line(self, project: str, key: str, ticket: int) -> None:
@@ -126,14 +128,16 @@ class SqlStore:
 
     async def renew_lock(self, project: str, key: str, lock_token: str, ttl_seconds: int) -> Lease:
         return await self._writer.run(
-            lambda tx: locks.renew(tx, project, key, lock_token, ttl_seconds)
+            lambda tx: locks.renew(tx, self._known, project, key, lock_token, ttl_seconds)
         )
 
     async def release_lock(self, project: str, key: str, lock_token: str) -> bool:
-        return await self._writer.run(lambda tx: locks.release(tx, project, key, lock_token))
+        return await self._writer.run(
+            lambda tx: locks.release(tx, self._known, project, key, lock_token)
+        )
 
     async def force_release(self, project: str, key: str) -> ForceReleased:
-        return await self._writer.run(lambda tx: locks.force_release(tx, project, key))
+        return await self._writer.run(lambda tx: locks.force_release(tx, self._known, project, key))
 
     async def get_lock(self, project: str, key: str) -> LockView:
         return await self._read(lambda tx: locks.view(tx, project, key))
@@ -190,6 +194,6 @@ class SqlStore:
             if tx.now_ms - self._last_prune_ms >= _PRUNE_EVERY_MS:
                 self._last_prune_ms = tx.now_ms
                 forget_before = tx.now_ms - ENDED_LEASE_MEMORY_MS
-            return locks.reap(tx, forget_before) + pools.reap(tx)
+            return locks.reap(tx, self._known, forget_before) + pools.reap(tx)
 
         return await self._writer.run(op)

@@ -42,8 +42,9 @@ class SqliteEngine:
     def execute(self, conn: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> Cursor:
         return conn.execute(sql, params)
 
-    def before_commit(self, conn: sqlite3.Connection, events: list[Any]) -> None:
-        return None  # one process: events are published locally after the commit
+    def commit(self, conn: sqlite3.Connection, events: list[Any]) -> None:
+        # One process: events are published locally after the commit.
+        conn.execute("COMMIT")
 
     def fatal(self, exc: BaseException) -> bool:
         return isinstance(exc, sqlite3.OperationalError)

@@ -8,12 +8,37 @@ from typing import Any
 
 from fencepost.core import leases as rules
 from fencepost.core.leases import AcquireRequest, Busy, EndReason, Granted, Lease, OnExpiry
+from fencepost.errors import LeaseExpired, LeaseLost
 from fencepost.store.base import AcquireResult, ForceReleased, LockView, lock_freed
 from fencepost.store.batch import Tx
+from fencepost.store.sql import ended, fencing
+from fencepost.store.sql.known_leases import KnownLeases
 
 _LEASE_COLUMNS = (
     "key, lock_token, fencing_token, acquired_ms, expires_ms, deadline_ms, "
     "operation, metadata, on_expiry"
+)
+_WAITERS_AHEAD = (
+    "(SELECT COUNT(*) FROM lock_waiters w "
+    "WHERE w.project = ? AND w.key = ? AND w.ticket < ? AND w.alive_until_ms > ?)"
+)
+# The row if any (a LEFT JOIN from one row, so the count comes back without it).
+_LEASE_AND_LINE = (
+    f"SELECT {', '.join('l.' + c for c in _LEASE_COLUMNS.split(', '))}, {_WAITERS_AHEAD} "
+    "FROM (SELECT 1) AS one LEFT JOIN locks l ON l.project = ? AND l.key = ?"
+)
+_NO_TICKET = 2**62
+_LEASE_VALUES = (
+    "project, key, lock_token, fencing_token, acquired_ms, expires_ms, deadline_ms, dies_ms, "
+    "operation, metadata, on_expiry"
+)
+# Written only in the state the rules were asked about: no lease row (not even
+# a dead one) and no live waiter. Otherwise nothing is written.
+_INSERT_IF_FREE = (
+    f"INSERT INTO locks ({_LEASE_VALUES}) SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? "
+    "WHERE NOT EXISTS (SELECT 1 FROM lock_waiters "
+    "WHERE project = ? AND key = ? AND alive_until_ms > ?) "
+    "ON CONFLICT (project, key) DO NOTHING"
 )
 
 
@@ -38,13 +63,22 @@ def load_lease(tx: Tx, project: str, key: str) -> Lease | None:
     return None if row is None else _lease(row)
 
 
-def live_waiters(tx: Tx, project: str, key: str, before_ticket: int | None = None) -> int:
-    row = tx.execute(
-        "SELECT COUNT(*) FROM lock_waiters "
-        "WHERE project = ? AND key = ? AND ticket < ? AND alive_until_ms > ?",
-        (project, key, before_ticket if before_ticket is not None else 2**62, tx.now_ms),
-    ).fetchone()
-    return int(row[0])
+def load_line(
+    tx: Tx, project: str, key: str, before_ticket: int | None = None
+) -> tuple[Lease | None, int]:
+    """The lease row (live or dead) and how many live waiters are ahead of
+    `before_ticket` (all of them when None), in one statement."""
+    ahead = before_ticket if before_ticket is not None else _NO_TICKET
+    row = tx.execute(_LEASE_AND_LINE, (project, key, ahead, tx.now_ms, project, key)).fetchone()
+    return (None if row[0] is None else _lease(row)), int(row[9])
+
+
+def _lease_values(project: str, lease: Lease) -> tuple[Any, ...]:
+    return (
+        project, lease.key, lease.lock_token, lease.fencing_token, lease.acquired_ms,
+        lease.expires_ms, lease.deadline_ms, rules.end_of_life_ms(lease), lease.operation,
+        lease.metadata_json, lease.on_expiry.value,
+    )
 
 
 def join_line(tx: Tx, project: str, key: str, request: AcquireRequest, alive_ms: int) -> int:
@@ -56,45 +90,78 @@ def join_line(tx: Tx, project: str, key: str, request: AcquireRequest, alive_ms:
     return int(row[0])
 
 
-def next_fencing_token(tx: Tx) -> int:
-    # Contract: the counter row is bumped inside the granting transaction, so a
-    # token is never reused, even after a crash, and never goes backwards.
-    row = tx.execute(
-        "UPDATE counters SET value = value + 1 WHERE name = 'fencing' RETURNING value"
-    ).fetchone()
-    return int(row[0])
-
-
 def _decide_and_write(
-    tx: Tx, project: str, key: str, request: AcquireRequest, waiters_ahead: int
+    tx: Tx,
+    known: KnownLeases,
+    project: str,
+    key: str,
+    request: AcquireRequest,
+    current: Lease | None,
+    waiters_ahead: int,
 ) -> Granted | Busy:
-    current = load_lease(tx, project, key)
     outcome = rules.decide_acquire(
         key,
         current,
         request,
         tx.now_ms,
         waiters_ahead=waiters_ahead,
-        next_fencing_token=lambda: next_fencing_token(tx),
+        next_fencing_token=lambda: fencing.take(tx),
     )
     if isinstance(outcome, Granted) and outcome.created:
         if current is not None:  # a dead lease not yet reaped is replaced
-            remember_end(tx, project, key, current.lock_token, EndReason.EXPIRED)
+            ended.remember(tx, project, key, current.lock_token, EndReason.EXPIRED)
         write_lease(tx, project, outcome.lease)
+        known.put(project, outcome.lease)
+    return outcome
+
+
+def _grant_if_free(
+    tx: Tx, known: KnownLeases, project: str, key: str, request: AcquireRequest
+) -> Granted | None:
+    """The common case in one statement: the rules decide for a free lock with
+    an empty line, and the insert happens only if that is what the lock is."""
+    outcome = rules.decide_acquire(
+        key, None, request, tx.now_ms, waiters_ahead=0,
+        next_fencing_token=lambda: fencing.take(tx),
+    )
+    assert isinstance(outcome, Granted)
+    lease = outcome.lease
+    written = tx.execute(
+        _INSERT_IF_FREE, (*_lease_values(project, lease), project, key, tx.now_ms)
+    ).rowcount
+    if not written:
+        fencing.give_back(tx, lease.fencing_token)
+        return None
+    known.put(project, lease)
     return outcome
 
 
 def acquire(
-    tx: Tx, project: str, key: str, request: AcquireRequest, wait_alive_ms: int | None
+    tx: Tx,
+    known: KnownLeases,
+    project: str,
+    key: str,
+    request: AcquireRequest,
+    wait_alive_ms: int | None,
 ) -> AcquireResult:
-    outcome = _decide_and_write(tx, project, key, request, live_waiters(tx, project, key))
+    granted = _grant_if_free(tx, known, project, key, request)
+    if granted is not None:
+        return AcquireResult(granted)
+    current, waiting = load_line(tx, project, key)
+    outcome = _decide_and_write(tx, known, project, key, request, current, waiting)
     if isinstance(outcome, Granted) or wait_alive_ms is None:
         return AcquireResult(outcome)
     return AcquireResult(outcome, join_line(tx, project, key, request, wait_alive_ms))
 
 
 def retry_waiter(
-    tx: Tx, project: str, key: str, request: AcquireRequest, ticket: int, alive_ms: int
+    tx: Tx,
+    known: KnownLeases,
+    project: str,
+    key: str,
+    request: AcquireRequest,
+    ticket: int,
+    alive_ms: int,
 ) -> AcquireResult:
     # Contract: only the live waiter with the smallest ticket may take a free
     # lock, so waiters are granted in arrival order.
@@ -104,8 +171,8 @@ def retry_waiter(
     ).rowcount
     if not refreshed:  # dropped as dead (e.g. a stalled loop): rejoin at the back
         ticket = join_line(tx, project, key, request, alive_ms)
-    ahead = live_waiters(tx, project, key, before_ticket=ticket)
-    outcome = _decide_and_write(tx, project, key, request, ahead)
+    current, ahead = load_line(tx, project, key, before_ticket=ticket)
+    outcome = _decide_and_write(tx, known, project, key, request, current, ahead)
     if isinstance(outcome, Granted):
         tx.execute("DELETE FROM lock_waiters WHERE ticket = ?", (ticket,))
         return AcquireResult(outcome)
@@ -117,29 +184,60 @@ def leave_line(tx: Tx, project: str, key: str, ticket: int) -> None:
         tx.events.append(lock_freed(project, key))  # the next in line may go now
 
 
-def renew(tx: Tx, project: str, key: str, lock_token: str, ttl_seconds: int) -> Lease:
-    current = load_lease(tx, project, key)
-    ended = None
-    if current is None or current.lock_token != lock_token:
-        ended = ended_reason(tx, project, key, lock_token)
-    renewed = rules.decide_renew(current, lock_token, ttl_seconds, tx.now_ms, ended)
-    # Contract: the lease row changes only if it is still this token's.
-    tx.execute(
+def _set_expiry(tx: Tx, project: str, before: Lease, after: Lease) -> bool:
+    # Contract: the row changes only if it is still exactly the lease the rules
+    # judged (the fencing token names the grant; only renewals move the expiry).
+    return tx.execute(
         "UPDATE locks SET expires_ms = ?, dies_ms = ? "
-        "WHERE project = ? AND key = ? AND lock_token = ?",
-        (renewed.expires_ms, rules.end_of_life_ms(renewed), project, key, lock_token),
-    )
+        "WHERE project = ? AND key = ? AND fencing_token = ? AND expires_ms = ?",
+        (after.expires_ms, rules.end_of_life_ms(after), project, before.key,
+         before.fencing_token, before.expires_ms),
+    ).rowcount > 0
+
+
+def renew(
+    tx: Tx, known: KnownLeases, project: str, key: str, lock_token: str, ttl_seconds: int
+) -> Lease:
+    remembered = known.get(project, key)
+    if remembered is not None:
+        try:
+            renewed = rules.decide_renew(remembered, lock_token, ttl_seconds, tx.now_ms, None)
+        except (LeaseLost, LeaseExpired):
+            pass  # maybe stale (renewed or ended elsewhere): the row decides below
+        else:
+            if _set_expiry(tx, project, remembered, renewed):
+                known.put(project, renewed)
+                return renewed
+    current = load_lease(tx, project, key)
+    reason = None
+    if current is None or current.lock_token != lock_token:
+        reason = ended.reason(tx, project, key, lock_token)
+    renewed = rules.decide_renew(current, lock_token, ttl_seconds, tx.now_ms, reason)
+    assert current is not None  # decide_renew raised otherwise
+    _set_expiry(tx, project, current, renewed)
+    known.put(project, renewed)
     return renewed
 
 
-def release(tx: Tx, project: str, key: str, lock_token: str) -> bool:
-    if not rules.holds(load_lease(tx, project, key), lock_token, tx.now_ms):
+def release(tx: Tx, known: KnownLeases, project: str, key: str, lock_token: str) -> bool:
+    row = tx.execute(
+        f"DELETE FROM locks WHERE project = ? AND key = ? AND lock_token = ? "
+        f"RETURNING {_LEASE_COLUMNS}",
+        (project, key, lock_token),
+    ).fetchone()
+    if row is None:
         return False
-    end_lease(tx, project, key, lock_token, EndReason.RELEASED)
-    return True
+    known.forget(project, key)
+    # A dead lease not yet reaped ends here just as the reaper would end it.
+    released = rules.holds(_lease(row), lock_token, tx.now_ms)
+    reason = EndReason.RELEASED if released else EndReason.EXPIRED
+    ended.remember(tx, project, key, lock_token, reason)
+    tx.events.append(lock_freed(project, key))
+    return released
 
 
-def force_release(tx: Tx, project: str, key: str) -> ForceReleased:
+def force_release(tx: Tx, known: KnownLeases, project: str, key: str) -> ForceReleased:
+    known.forget(project, key)
     current = load_lease(tx, project, key)
     if current is None or not rules.is_live(current, tx.now_ms):
         if current is not None:  # dead but not yet reaped
@@ -150,10 +248,10 @@ def force_release(tx: Tx, project: str, key: str) -> ForceReleased:
 
 
 def view(tx: Tx, project: str, key: str) -> LockView:
-    lease = load_lease(tx, project, key)
+    lease, waiting = load_line(tx, project, key)
     if lease is not None and not rules.is_live(lease, tx.now_ms):
         lease = None
-    return LockView(key, lease, live_waiters(tx, project, key), tx.now_ms)
+    return LockView(key, lease, waiting, tx.now_ms)
 
 
 def list_views(
@@ -163,32 +261,25 @@ def list_views(
     # exactly the keys starting with prefix (names are ASCII; byte-order collation).
     low = max(prefix, after or "")
     rows = tx.execute(
-        f"SELECT {_LEASE_COLUMNS} FROM locks WHERE project = ? AND key >= ? "
+        f"SELECT {_LEASE_COLUMNS}, (SELECT COUNT(*) FROM lock_waiters w "
+        "WHERE w.project = l.project AND w.key = l.key AND w.alive_until_ms > ?) "
+        "FROM locks l WHERE project = ? AND key >= ? "
         "AND key < ? AND key > ? AND dies_ms > ? ORDER BY key LIMIT ?",
-        (project, low, prefix + "\U0010ffff", after or "", tx.now_ms, limit),
+        (tx.now_ms, project, low, prefix + "\U0010ffff", after or "", tx.now_ms, limit),
     ).fetchall()
-    views = []
-    for row in rows:
-        lease = _lease(row)
-        views.append(LockView(lease.key, lease, live_waiters(tx, project, lease.key), tx.now_ms))
-    return views
+    return [LockView(row[0], _lease(row), int(row[9]), tx.now_ms) for row in rows]
 
 
 def write_lease(tx: Tx, project: str, lease: Lease) -> None:
     tx.execute(
-        "INSERT INTO locks (project, key, lock_token, fencing_token, acquired_ms, expires_ms, "
-        "deadline_ms, dies_ms, operation, metadata, on_expiry) "
+        f"INSERT INTO locks ({_LEASE_VALUES}) "
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
         "ON CONFLICT (project, key) DO UPDATE SET lock_token = excluded.lock_token, "
         "fencing_token = excluded.fencing_token, acquired_ms = excluded.acquired_ms, "
         "expires_ms = excluded.expires_ms, deadline_ms = excluded.deadline_ms, "
         "dies_ms = excluded.dies_ms, operation = excluded.operation, "
         "metadata = excluded.metadata, on_expiry = excluded.on_expiry",
-        (
-            project, lease.key, lease.lock_token, lease.fencing_token, lease.acquired_ms,
-            lease.expires_ms, lease.deadline_ms, rules.end_of_life_ms(lease), lease.operation,
-            lease.metadata_json, lease.on_expiry.value,
-        ),
+        _lease_values(project, lease),
     )
     # An older ended_leases row for this token (a token reused after its lease
     # ended) needs no delete: it is read only while the token does not hold the
@@ -200,28 +291,11 @@ def end_lease(tx: Tx, project: str, key: str, lock_token: str, reason: EndReason
         "DELETE FROM locks WHERE project = ? AND key = ? AND lock_token = ?",
         (project, key, lock_token),
     )
-    remember_end(tx, project, key, lock_token, reason)
+    ended.remember(tx, project, key, lock_token, reason)
     tx.events.append(lock_freed(project, key))
 
 
-def remember_end(tx: Tx, project: str, key: str, lock_token: str, reason: EndReason) -> None:
-    tx.execute(
-        "INSERT INTO ended_leases (project, key, lock_token, reason, ended_ms) "
-        "VALUES (?, ?, ?, ?, ?) ON CONFLICT (project, key, lock_token) DO UPDATE SET "
-        "reason = excluded.reason, ended_ms = excluded.ended_ms",
-        (project, key, lock_token, reason.value, tx.now_ms),
-    )
-
-
-def ended_reason(tx: Tx, project: str, key: str, lock_token: str) -> EndReason | None:
-    row = tx.execute(
-        "SELECT reason FROM ended_leases WHERE project = ? AND key = ? AND lock_token = ?",
-        (project, key, lock_token),
-    ).fetchone()
-    return None if row is None else EndReason(row[0])
-
-
-def reap(tx: Tx, forget_before_ms: int | None) -> int:
+def reap(tx: Tx, known: KnownLeases, forget_before_ms: int | None) -> int:
     """Free leases dead by the store's clock and drop dead waiters.
 
     Contract: deletes exactly the leases that are dead now; running it twice, or
@@ -230,7 +304,8 @@ def reap(tx: Tx, forget_before_ms: int | None) -> int:
         "DELETE FROM locks WHERE dies_ms <= ? RETURNING project, key, lock_token", (tx.now_ms,)
     ).fetchall()
     for project, key, token in dead:
-        remember_end(tx, project, key, token, EndReason.EXPIRED)
+        known.forget(project, key)
+        ended.remember(tx, project, key, token, EndReason.EXPIRED)
         tx.events.append(lock_freed(project, key))
     gone = tx.execute(
         "DELETE FROM lock_waiters WHERE alive_until_ms <= ? RETURNING project, key",

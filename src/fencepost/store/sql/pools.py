@@ -94,37 +94,39 @@ def _slot(row: Any) -> Slot:
     return Slot(row[0], row[1], row[2], row[3], row[4])
 
 
-def load(tx: Tx, project: str, pool: str) -> _Pool:
-    row = tx.execute(
-        f"SELECT {_CONFIG_COLUMNS}, {_GOVERNOR_COLUMNS} FROM pools WHERE project = ? AND name = ?",
-        (project, pool),
-    ).fetchone()
+def _pool(row: Any, pool: str) -> _Pool:
     if row is None:
         raise NotFound(f"No pool named {pool!r}.")
     config = _config(row[:9])
-    return _Pool(config, _governor(row[9:], config))
+    return _Pool(config, _governor(row[9:16], config))
 
 
-def in_use(tx: Tx, project: str, pool: str) -> int:
+_LOAD_WITH_COUNTS = (
+    f"SELECT {_CONFIG_COLUMNS}, {_GOVERNOR_COLUMNS}, "
+    "(SELECT COUNT(*) FROM slots s WHERE s.project = ? AND s.pool = ? "
+    "AND s.lease_deadline_ms > ?), "
+    "(SELECT COUNT(*) FROM slot_waiters w WHERE w.project = ? AND w.pool = ? "
+    "AND w.alive_until_ms > ? AND w.ticket < ?) "
+    "FROM pools WHERE project = ? AND name = ?"
+)
+
+
+def load_with_counts(
+    tx: Tx, project: str, pool: str, before_ticket: int | None = None
+) -> tuple[_Pool, int, int]:
+    """The pool, its live slots and its live waiters ahead of `before_ticket`
+    (all of them when None), in one statement."""
+    ahead = before_ticket if before_ticket is not None else 2**62
     row = tx.execute(
-        "SELECT COUNT(*) FROM slots WHERE project = ? AND pool = ? AND lease_deadline_ms > ?",
-        (project, pool, tx.now_ms),
+        _LOAD_WITH_COUNTS,
+        (project, pool, tx.now_ms, project, pool, tx.now_ms, ahead, project, pool),
     ).fetchone()
-    return int(row[0])
-
-
-def waiters(tx: Tx, project: str, pool: str, before_ticket: int | None = None) -> int:
-    row = tx.execute(
-        "SELECT COUNT(*) FROM slot_waiters WHERE project = ? AND pool = ? "
-        "AND alive_until_ms > ? AND ticket < ?",
-        (project, pool, tx.now_ms, before_ticket if before_ticket is not None else 2**62),
-    ).fetchone()
-    return int(row[0])
+    return _pool(row, pool), int(row[16]), int(row[17])
 
 
 def view(tx: Tx, project: str, pool: str) -> PoolView | None:
     try:
-        state = load(tx, project, pool)
+        state, used, queued = load_with_counts(tx, project, pool)
     except NotFound:
         return None
     row = tx.execute(
@@ -133,8 +135,8 @@ def view(tx: Tx, project: str, pool: str) -> PoolView | None:
     return PoolView(
         name=pool,
         config=state.config,
-        in_use=in_use(tx, project, pool),
-        queued=waiters(tx, project, pool),
+        in_use=used,
+        queued=queued,
         effective_limit=state.limit,
         stats=_stats(row),
         now_ms=tx.now_ms,
@@ -225,10 +227,9 @@ def _admit(tx: Tx, project: str, pool: str, state: _Pool, used: int) -> SlotAtte
 
 
 def _try_admit(
-    tx: Tx, project: str, pool: str, state: _Pool, waiters_ahead: int
+    tx: Tx, project: str, pool: str, state: _Pool, used: int, waiters_ahead: int
 ) -> SlotAttempt:
     """Admit, or a refusal saying when to try again."""
-    used = in_use(tx, project, pool)
     blocked_ms = _rate_wait_ms(tx, project, pool, state)
     if blocked_ms is None and rules.may_admit(state.limit, used, waiters_ahead):
         return _admit(tx, project, pool, state, used)
@@ -248,9 +249,8 @@ def _try_admit(
 def acquire(tx: Tx, project: str, pool: str, wait_alive_ms: int | None) -> SlotAttempt:
     # Contract: counting live slots and inserting the new one happen in one
     # transaction, so no more than `limit` slots are ever live (SPEC §7.5).
-    state = load(tx, project, pool)
-    queued = waiters(tx, project, pool)
-    attempt = _try_admit(tx, project, pool, state, queued)
+    state, used, queued = load_with_counts(tx, project, pool)
+    attempt = _try_admit(tx, project, pool, state, used, queued)
     if attempt.slot is not None or wait_alive_ms is None or queued >= state.config.queue_size:
         return attempt
     ticket = _join_line(tx, project, pool, wait_alive_ms)
@@ -268,14 +268,15 @@ def _join_line(tx: Tx, project: str, pool: str, alive_ms: int) -> int:
 
 
 def retry_waiter(tx: Tx, project: str, pool: str, ticket: int, alive_ms: int) -> SlotAttempt:
-    state = load(tx, project, pool)  # NotFound once the pool is deleted
     refreshed = tx.execute(
         "UPDATE slot_waiters SET alive_until_ms = ? WHERE ticket = ?",
         (tx.now_ms + alive_ms, ticket),
     ).rowcount
     if not refreshed:  # dropped as dead (e.g. a stalled loop): rejoin at the back
         ticket = _join_line(tx, project, pool, alive_ms)
-    attempt = _try_admit(tx, project, pool, state, waiters(tx, project, pool, ticket))
+    # NotFound once the pool is deleted; raising undoes this operation's writes.
+    state, used, ahead = load_with_counts(tx, project, pool, ticket)
+    attempt = _try_admit(tx, project, pool, state, used, ahead)
     if attempt.slot is None:
         return SlotAttempt(None, ticket, attempt.in_use, attempt.effective_limit,
                            attempt.retry_after_ms)
@@ -293,22 +294,32 @@ def leave_line(tx: Tx, project: str, pool: str, ticket: int) -> None:
 # --- renew and release -----------------------------------------------------------
 
 
-def _own_slot(tx: Tx, project: str, pool: str, slot_id: str) -> Slot | None:
+_POOL_AND_SLOT = (
+    f"SELECT {_CONFIG_COLUMNS}, {_GOVERNOR_COLUMNS}, s.project, "
+    f"{', '.join('s.' + c for c in _SLOT_COLUMNS.split(', '))} "
+    "FROM pools p LEFT JOIN slots s ON s.slot_id = ? WHERE p.project = ? AND p.name = ?"
+)
+
+
+def _own_slot(project: str, pool: str, row: Any) -> Slot | None:
     """The slot if it exists and is this project's and pool's; NotFound if it is
     someone else's; None when it is gone."""
-    row = tx.execute(
-        f"SELECT project, {_SLOT_COLUMNS} FROM slots WHERE slot_id = ?", (slot_id,)
-    ).fetchone()
-    if row is None:
+    if row[0] is None:
         return None
     if row[0] != project or row[2] != pool:
         raise NotFound("No such slot in this pool.")
     return _slot(row[1:])
 
 
+def _load_with_slot(tx: Tx, project: str, pool: str, slot_id: str) -> tuple[_Pool, Slot | None]:
+    row = tx.execute(_POOL_AND_SLOT, (slot_id, project, pool)).fetchone()
+    state = _pool(row, pool)  # NotFound without the pool
+    return state, _own_slot(project, pool, row[16:])
+
+
 def renew(tx: Tx, project: str, pool: str, slot_id: str) -> Slot:
-    state = load(tx, project, pool)
-    renewed = rules.renew(_own_slot(tx, project, pool, slot_id), state.config, tx.now_ms)
+    state, slot = _load_with_slot(tx, project, pool, slot_id)
+    renewed = rules.renew(slot, state.config, tx.now_ms)
     tx.execute(
         "UPDATE slots SET lease_deadline_ms = ? WHERE slot_id = ?",
         (renewed.lease_deadline_ms, slot_id),
@@ -317,16 +328,20 @@ def renew(tx: Tx, project: str, pool: str, slot_id: str) -> Slot:
 
 
 def release(tx: Tx, project: str, pool: str, slot_id: str, report: SlotReport | None) -> bool:
-    state = load(tx, project, pool)
-    slot = _own_slot(tx, project, pool, slot_id)
-    if slot is None:
+    row = tx.execute(
+        f"DELETE FROM slots WHERE slot_id = ? AND project = ? AND pool = ? "
+        f"RETURNING {_SLOT_COLUMNS}",
+        (slot_id, project, pool),
+    ).fetchone()
+    if row is None:  # gone, or another project's or pool's (NotFound), or no such pool
+        _load_with_slot(tx, project, pool, slot_id)
         return False
-    tx.execute("DELETE FROM slots WHERE slot_id = ?", (slot_id,))
+    slot = _slot(row)
     if not rules.is_live(slot, tx.now_ms):
         # Already past its deadline: it was not held any more, only not yet reaped.
         _count_reclaimed(tx, project, pool, 1)
         return False
-    _record_release(tx, project, pool, report)
+    state = _record_release(tx, project, pool, report)
     if report is not None:
         _learn(tx, project, pool, state, report, tx.now_ms - slot.acquired_ms)
     tx.events.append(pool_freed(project, pool))
@@ -363,9 +378,10 @@ def _learn(
         tx.events.append(pool_freed(project, pool))
 
 
-def _record_release(tx: Tx, project: str, pool: str, report: SlotReport | None) -> None:
-    # Counted once per slot (a repeated release finds no slot), so statistics
-    # are not inflated by retries.
+def _record_release(tx: Tx, project: str, pool: str, report: SlotReport | None) -> _Pool:
+    """Count the release; return the pool as it stands (what the governor learns
+    from). Counted once per slot (a repeated release finds no slot), so
+    statistics are not inflated by retries."""
     sets = ["released = released + 1"]
     args: list[Any] = []
     if report is not None:
@@ -381,10 +397,12 @@ def _record_release(tx: Tx, project: str, pool: str, report: SlotReport | None) 
             args.append(report.retry_after_ms)
         sets += ["last_report = ?", "last_reported_ms = ?"]
         args += [report.report_json, tx.now_ms]
-    tx.execute(
-        f"UPDATE pools SET {', '.join(sets)} WHERE project = ? AND name = ?",
+    row = tx.execute(
+        f"UPDATE pools SET {', '.join(sets)} WHERE project = ? AND name = ? "
+        f"RETURNING {_CONFIG_COLUMNS}, {_GOVERNOR_COLUMNS}",
         (*args, project, pool),
-    )
+    ).fetchone()
+    return _pool(row, pool)
 
 
 def _count_reclaimed(tx: Tx, project: str, pool: str, count: int) -> None:

@@ -1,0 +1,63 @@
+"""Why recent leases ended, so a late renewal can be told why it lost the lock.
+
+Within a batch the records are gathered and written together before the commit
+(a statement per batch, not one per ended lease); a renewal later
+in the same batch reads the gathered ones first. Under savepoint replay each
+record is written at once, so a refused operation's rollback takes it too.
+"""
+
+from __future__ import annotations
+
+from fencepost.core.leases import EndReason
+from fencepost.store.batch import Tx
+
+_NAME = "ended_leases"
+_INSERT = "INSERT INTO ended_leases (project, key, lock_token, reason, ended_ms) VALUES "
+_ROW = "(?, ?, ?, ?, ?)"
+_ON_CONFLICT = (
+    " ON CONFLICT (project, key, lock_token) DO UPDATE SET "
+    "reason = excluded.reason, ended_ms = excluded.ended_ms"
+)
+# Rows per statement: 50 parameters at most, which psycopg still caches the
+# parsing of; and few distinct statement texts for the statement caches.
+_CHUNK = 10
+
+_Pending = dict[tuple[str, str, str], tuple[str, int]]
+
+
+def remember(tx: Tx, project: str, key: str, lock_token: str, reason: EndReason) -> None:
+    if tx.batch.isolated:
+        _write(tx, [(project, key, lock_token, reason.value, tx.now_ms)])
+        return
+    pending: _Pending | None = tx.batch.shared.get(_NAME)
+    if pending is None:
+        pending = tx.batch.shared[_NAME] = {}
+        tx.batch.finishers[_NAME] = _write_gathered
+    pending[(project, key, lock_token)] = (reason.value, tx.now_ms)
+
+
+def reason(tx: Tx, project: str, key: str, lock_token: str) -> EndReason | None:
+    pending: _Pending | None = tx.batch.shared.get(_NAME)
+    if pending and (gathered := pending.get((project, key, lock_token))) is not None:
+        return EndReason(gathered[0])
+    row = tx.execute(
+        "SELECT reason FROM ended_leases WHERE project = ? AND key = ? AND lock_token = ?",
+        (project, key, lock_token),
+    ).fetchone()
+    return None if row is None else EndReason(row[0])
+
+
+def _write_gathered(tx: Tx) -> None:
+    pending: _Pending = tx.batch.shared[_NAME]
+    _write(tx, [(*ended, *what) for ended, what in pending.items()])
+
+
+def _write(tx: Tx, rows: list[tuple[str, str, str, str, int]]) -> None:
+    # Each (project, key, lock_token) appears once: one statement may not
+    # update a row twice (PostgreSQL refuses).
+    for start in range(0, len(rows), _CHUNK):
+        chunk = rows[start:start + _CHUNK]
+        tx.execute(
+            _INSERT + ", ".join([_ROW] * len(chunk)) + _ON_CONFLICT,
+            tuple(value for row in chunk for value in row),
+        )

@@ -1,0 +1,55 @@
+"""The fencing counter, moved in memory within a batch and stored once per batch.
+
+Contract: the counter row is written, in the transaction of the grants it was
+drawn for, to the highest token handed out, so a token is never reused, even
+after a crash, and never goes backwards. Batches are serialised (BEGIN
+IMMEDIATE on SQLite; on PostgreSQL one advisory lock per batch, across
+replicas), so no other writer moves the row between the batch's first bump and
+its last write. A token given back after a failed conditional insert can leave
+a number unissued: tokens may skip, never repeat.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fencepost.store.batch import Tx
+
+_NAME = "fencing"
+
+
+@dataclass(slots=True)
+class _Counter:
+    stored: int  # the row's value in this transaction
+    issued: int  # the highest token handed out and still in use
+
+
+def take(tx: Tx) -> int:
+    counter = tx.batch.shared.get(_NAME)
+    if counter is None:
+        # The first grant of a batch bumps the row itself (which also serves a
+        # batch of one grant in one statement); later ones count in memory.
+        row = tx.execute(
+            "UPDATE counters SET value = value + 1 WHERE name = 'fencing' RETURNING value"
+        ).fetchone()
+        value = int(row[0])
+        tx.batch.shared[_NAME] = _Counter(value, value)
+        tx.batch.finishers[_NAME] = _store
+        return value
+    assert isinstance(counter, _Counter)
+    counter.issued += 1
+    return counter.issued
+
+
+def give_back(tx: Tx, token: int) -> None:
+    """`token` was taken for a grant that was not written: let the next grant
+    have it, so the counter keeps moving only when a lock changes hands."""
+    counter = tx.batch.shared.get(_NAME)
+    if isinstance(counter, _Counter) and counter.issued == token:
+        counter.issued -= 1
+
+
+def _store(tx: Tx) -> None:
+    counter = tx.batch.shared[_NAME]
+    if counter.issued > counter.stored:
+        tx.execute("UPDATE counters SET value = ? WHERE name = 'fencing'", (counter.issued,))

@@ -1,0 +1,38 @@
+"""The writer's memory of the leases it last wrote, so that a renewal can be
+decided by the rules without reading the row first.
+
+Only a hint: a write decided on a remembered lease is conditional on the row
+still being exactly that lease (its fencing token names the grant; a renewal
+changes only the expiry), and falls back to reading the row when it is not (the
+lease was renewed or ended by another replica, a batch was rolled back, the
+entry was evicted).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from fencepost.core.leases import Lease
+
+DEFAULT_CAPACITY = 4096
+
+
+class KnownLeases:
+    """Used by the writer thread only."""
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        self._capacity = capacity
+        self._leases: OrderedDict[tuple[str, str], Lease] = OrderedDict()
+
+    def get(self, project: str, key: str) -> Lease | None:
+        return self._leases.get((project, key))
+
+    def put(self, project: str, lease: Lease) -> None:
+        where = (project, lease.key)
+        self._leases[where] = lease
+        self._leases.move_to_end(where)
+        if len(self._leases) > self._capacity:
+            self._leases.popitem(last=False)
+
+    def forget(self, project: str, key: str) -> None:
+        self._leases.pop((project, key), None)

@@ -1,0 +1,251 @@
+"""What batching and the shortened hot paths must not change: fencing tokens
+across batches, replays, failed commits and replicas; reasons gathered within
+a batch; remembered leases that another replica changed. Every backend."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from fencepost.core.leases import AcquireRequest, Granted
+from fencepost.core.slots import PoolConfig
+from fencepost.errors import LeaseExpired, LeaseLost, StoreUnavailable
+from fencepost.store.base import Freed, lock_freed
+
+from .conftest import reopen
+
+P = "default"
+
+
+def token() -> str:
+    return str(uuid.uuid4())
+
+
+async def grant(store, key, tok=None, ttl=30):
+    result = await store.acquire_lock(P, key, AcquireRequest(tok or token(), ttl),
+                                      wait_alive_ms=None)
+    assert isinstance(result.outcome, Granted), result
+    return result.outcome.lease
+
+
+async def test_fencing_tokens_never_repeat_across_batches(store):
+    seen: list[int] = []
+    for round_ in range(4):
+        leases = await asyncio.gather(*(grant(store, f"r{round_}-{i}") for i in range(100)))
+        tokens = [lease.fencing_token for lease in leases]
+        assert len(set(tokens)) == len(tokens)
+        assert not seen or min(tokens) > max(seen)  # every round after the last
+        seen += tokens
+    assert len(set(seen)) == len(seen)
+
+
+async def test_busy_and_repeated_acquires_leave_the_counter_alone(store):
+    holder = token()
+    first = await grant(store, "held", holder)
+    # refusals and repeats in the same batches as fresh grants
+    results = await asyncio.gather(
+        *(store.acquire_lock(P, "held", AcquireRequest(token(), 30), wait_alive_ms=None)
+          for _ in range(20)),
+        *(store.acquire_lock(P, "held", AcquireRequest(holder, 30), wait_alive_ms=None)
+          for _ in range(5)),
+        *(grant(store, f"fresh-{i}") for i in range(20)),
+    )
+    fresh = sorted(lease.fencing_token for lease in results[25:])
+    assert fresh[0] > first.fencing_token and len(set(fresh)) == 20
+    repeats = [r.outcome for r in results[20:25]]
+    assert all(isinstance(o, Granted) and o.lease == first for o in repeats)
+    assert (await store.get_lock(P, "held")).lease == first
+
+
+async def test_a_replayed_batch_still_issues_fresh_tokens(store):
+    before = await grant(store, "before")
+    stale = token()
+    # The refused renewal makes the batch replay with a savepoint per operation.
+    results = await asyncio.gather(
+        *(grant(store, f"k{i}") for i in range(30)),
+        store.renew_lock(P, "nobody", stale, 30),
+        *(grant(store, f"j{i}") for i in range(30)),
+        return_exceptions=True,
+    )
+    assert isinstance(results[30], LeaseLost)
+    tokens = [lease.fencing_token for lease in results[:30] + results[31:]]
+    assert len(set(tokens)) == 60 and min(tokens) > before.fencing_token
+    after = await grant(store, "after")
+    assert after.fencing_token > max(tokens)
+
+
+async def test_a_failed_commit_acknowledges_nothing_and_tokens_still_rise(store, clock):
+    acknowledged = await grant(store, "a")
+    engine = store._writer._engine
+    real_commit = engine.commit
+    failures = 0
+
+    def failing_commit(conn, events):
+        nonlocal failures
+        failures += 1
+        raise engine.errors[0]("disk on fire")
+
+    engine.commit = failing_commit
+    try:
+        results = await asyncio.gather(*(grant(store, f"lost{i}") for i in range(10)),
+                                       return_exceptions=True)
+    finally:
+        engine.commit = real_commit
+    assert failures >= 1 and all(isinstance(r, StoreUnavailable) for r in results)
+    assert (await store.get_lock(P, "lost0")).lease is None
+    later = await grant(store, "b")
+    assert later.fencing_token > acknowledged.fencing_token
+    await store.close()
+    reopened = reopen(store, clock)
+    await reopened.open()
+    try:
+        assert (await grant(reopened, "c")).fencing_token > later.fencing_token
+    finally:
+        await reopened.close()
+        await store.open()
+
+
+async def test_two_writers_on_one_database_share_the_counter(store, clock):
+    other = reopen(store, clock)  # a replica (PostgreSQL) or a second process (SQLite)
+    await other.open()
+    try:
+        leases = await asyncio.gather(
+            *(grant(store if i % 2 else other, f"k{i}") for i in range(60))
+        )
+        tokens = [lease.fencing_token for lease in leases]
+        assert len(set(tokens)) == 60
+        mine = await grant(store, "last")
+        theirs = await grant(other, "later")
+        assert max(tokens) < mine.fencing_token < theirs.fencing_token
+    finally:
+        await other.close()
+
+
+async def test_release_then_renew_in_one_batch_names_the_release(store):
+    a = token()
+    await grant(store, "k", a)
+    released, renewed = await asyncio.gather(
+        store.release_lock(P, "k", a), store.renew_lock(P, "k", a, 30),
+        return_exceptions=True,
+    )
+    assert released is True
+    assert isinstance(renewed, LeaseLost) and renewed.extra["reason"] == "released"
+
+
+async def test_releasing_a_dead_lease_reaps_it(store, clock):
+    events: list[Freed] = []
+    store.add_freed_listener(events.append)
+    a = token()
+    await grant(store, "k", a, ttl=5)
+    clock.advance(5_000)
+    assert await store.release_lock(P, "k", a) is False
+    await asyncio.sleep(0)
+    assert lock_freed(P, "k") in events
+    assert await store.reap() == 0
+    with pytest.raises(LeaseLost) as info:
+        await store.renew_lock(P, "k", a, 30)
+    assert info.value.extra["reason"] == "expired"
+
+
+async def test_renewals_follow_changes_made_by_another_writer(store, clock):
+    other = reopen(store, clock)
+    await other.open()
+    try:
+        a = token()
+        lease = await grant(store, "k", a, ttl=10)
+        clock.advance(2_000)
+        theirs = await other.renew_lock(P, "k", a, 60)
+        clock.advance(2_000)
+        # this writer remembers the lease as it granted it; the row says otherwise
+        mine = await store.renew_lock(P, "k", a, 20)
+        assert mine.expires_ms == clock.now + 20_000 != theirs.expires_ms
+        assert mine.fencing_token == lease.fencing_token
+        assert (await other.get_lock(P, "k")).lease == mine
+        assert await other.release_lock(P, "k", a) is True
+        with pytest.raises(LeaseLost) as info:
+            await store.renew_lock(P, "k", a, 20)
+        assert info.value.extra["reason"] == "released"
+        b = token()
+        await grant(other, "k", b)
+        await store.force_release(P, "k")
+        with pytest.raises(LeaseLost) as info:
+            await other.renew_lock(P, "k", b, 20)
+        assert info.value.extra["reason"] == "force_released"
+    finally:
+        await other.close()
+
+
+async def test_a_remembered_lease_past_its_margin_is_read_again(store, clock):
+    other = reopen(store, clock)
+    await other.open()
+    try:
+        a = token()
+        await grant(store, "k", a, ttl=5)
+        clock.advance(3_000)
+        await other.renew_lock(P, "k", a, 60)
+        clock.advance(3_000)  # past the remembered expiry, not the real one
+        renewed = await store.renew_lock(P, "k", a, 30)
+        assert renewed.expires_ms == clock.now + 30_000
+    finally:
+        await other.close()
+
+
+async def test_a_lease_shortened_elsewhere_is_not_renewed_from_memory(store, clock):
+    other = reopen(store, clock)
+    await other.open()
+    try:
+        a = token()
+        await grant(store, "k", a, ttl=60)
+        await other.renew_lock(P, "k", a, 5)
+        clock.advance(4_500)  # within the renewal margin of the real expiry
+        with pytest.raises(LeaseExpired):
+            await store.renew_lock(P, "k", a, 30)
+    finally:
+        await other.close()
+
+
+async def test_waiting_line_is_read_with_the_lease(store, clock):
+    holder = token()
+    await grant(store, "k", holder)
+    waiting = await store.acquire_lock(P, "k", AcquireRequest(token(), 30), wait_alive_ms=1_000)
+    assert waiting.ticket is not None
+    await store.release_lock(P, "k", holder)
+    view = await store.get_lock(P, "k")
+    assert view.lease is None and view.waiters == 1
+    assert [v.waiters for v in await store.list_locks(P, "", None, 10)] == []
+    clock.advance(1_000)  # the waiter stopped refreshing: the lock is free for anyone
+    assert (await store.get_lock(P, "k")).waiters == 0
+    await grant(store, "k")
+
+
+async def test_an_expired_slot_released_late_counts_as_reclaimed(store, clock):
+    await store.put_pool(P, "api", PoolConfig(limit=2, term_ms=1_000))
+    slot = (await store.acquire_slot(P, "api", wait_alive_ms=None)).slot
+    clock.advance(1_000)
+    assert await store.release_slot(P, "api", slot.slot_id, None) is False
+    view = await store.get_pool(P, "api")
+    assert view.stats.reclaimed == 1 and view.stats.released == 0 and view.in_use == 0
+    assert await store.reap() == 0
+
+
+async def test_other_replicas_hear_of_freed_locks_with_awkward_names(store, clock):
+    if store.url_scheme != "postgresql":
+        pytest.skip("replicas share a store only on PostgreSQL")
+    other = reopen(store, clock)
+    heard: list[Freed] = []
+    other.add_freed_listener(heard.append)
+    await other.open()
+    try:
+        key = "it's \"quoted\" \\ {braces}, [x]"
+        a = token()
+        await grant(store, key, a)
+        await store.release_lock(P, key, a)
+        for _ in range(50):
+            if lock_freed(P, key) in heard:
+                break
+            await asyncio.sleep(0.05)
+        assert lock_freed(P, key) in heard
+    finally:
+        await other.close()
