@@ -851,6 +851,28 @@ async def test_half_sent_request_is_dropped_at_the_keep_alive_timeout(
         await stop(s)
 
 
+async def test_a_request_trickling_in_is_cut_at_the_read_deadline(
+    app: App, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each byte resets the idle timer; the read deadline still ends it."""
+    monkeypatch.setattr(wire, "REQUEST_READ_S", 0.3)
+    s = await start(app)
+    try:
+        c = await s.client()
+        await c.send(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        for _ in range(40):  # 2 s of one header byte every 50 ms
+            try:
+                await c.send(b"X")
+            except (ConnectionError, OSError):
+                break
+            await asyncio.sleep(0.05)
+        with contextlib.suppress(ConnectionError):  # a write hit the closed socket
+            assert await c.closed_by_server()
+        assert c.writer.is_closing() or c.reader.at_eof() or c.reader.exception() is not None
+    finally:
+        await stop(s)
+
+
 async def test_keep_alive_timeout_does_not_cut_a_parked_waiter(
     app: App, monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -29,6 +29,9 @@ from fencepost.server.proxies import TrustedProxies
 
 MAX_HEAD_BYTES = 64 * 1024  # request line and headers together
 KEEP_ALIVE_S = 30.0
+# One request's head and body must arrive within this, however slowly they
+# trickle in (a client sending a byte now and then holds no connection forever).
+REQUEST_READ_S = 30.0
 # After a 413 the rest of the body is read and dropped, up to this much and
 # this long, so that the client reads the answer instead of a reset (closing
 # a socket with unread input resets it, and the reset destroys the answer).
@@ -138,6 +141,7 @@ class HttpConnection(asyncio.Protocol):
         self._continue_owed = False  # a 100 Continue to send once it is our turn
         self._idle_timer: asyncio.TimerHandle | None = None
         self._linger: asyncio.TimerHandle | None = None
+        self._read_deadline: asyncio.TimerHandle | None = None
         # The request being parsed.
         self._url = b""
         self._headers: dict[str, str] = {}
@@ -162,8 +166,9 @@ class HttpConnection(asyncio.Protocol):
         self._shared.open.discard(self)
         self._gone.set()  # parked waiters see that their caller left
         self._cancel_idle()
-        if self._linger is not None:
-            self._linger.cancel()
+        for timer in (self._linger, self._read_deadline):
+            if timer is not None:
+                timer.cancel()
         self._queue.clear()
         self._transport = None
 
@@ -203,6 +208,7 @@ class HttpConnection(asyncio.Protocol):
 
     # --- httptools callbacks ------------------------------------------------
     def on_message_begin(self) -> None:
+        self._read_deadline = self._loop.call_later(REQUEST_READ_S, self._read_too_slow)
         self._continue_owed = False
         self._url = b""
         self._headers = {}
@@ -253,6 +259,9 @@ class HttpConnection(asyncio.Protocol):
             self._body.append(chunk)
 
     def on_message_complete(self) -> None:
+        if self._read_deadline is not None:
+            self._read_deadline.cancel()
+            self._read_deadline = None
         self._continue_owed = False
         if self._broken:
             return
@@ -402,6 +411,11 @@ class HttpConnection(asyncio.Protocol):
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
+
+    def _read_too_slow(self) -> None:
+        self._read_deadline = None
+        if self._transport is not None and not self._broken:
+            self._transport.close()
 
     def _idle_timeout(self) -> None:
         self._idle_timer = None
