@@ -249,3 +249,36 @@ async def test_other_replicas_hear_of_freed_locks_with_awkward_names(store, cloc
         assert lock_freed(P, key) in heard
     finally:
         await other.close()
+
+
+async def test_one_holder_when_acquires_releases_and_renewals_share_batches(store):
+    """Operations on one key in one batch: however the store orders them (one
+    by one, or on PostgreSQL every first statement before the rest), at most
+    one contender wins a released lock, with a newer fencing token, and the
+    lock ends up with the winner."""
+    for round_ in range(20):
+        key, holder = f"shared-{round_}", token()
+        first = await grant(store, key, holder)
+        contenders = [token() for _ in range(8)]
+        half = len(contenders) // 2
+        results = await asyncio.gather(
+            *(store.acquire_lock(P, key, AcquireRequest(t, 30), wait_alive_ms=None)
+              for t in contenders[:half]),
+            store.release_lock(P, key, holder),
+            store.renew_lock(P, key, holder, 30),
+            *(store.acquire_lock(P, key, AcquireRequest(t, 30), wait_alive_ms=None)
+              for t in contenders[half:]),
+            return_exceptions=True,
+        )
+        released, renewed = results[half], results[half + 1]
+        acquired = results[:half] + results[half + 2:]
+        assert released is True, results
+        assert isinstance(renewed, LeaseLost) or renewed.fencing_token == first.fencing_token
+        winners = [r.outcome.lease for r in acquired if isinstance(r.outcome, Granted)]
+        assert len(winners) <= 1, winners
+        view = await store.get_lock(P, key)
+        if winners:
+            assert winners[0].fencing_token > first.fencing_token
+            assert view.lease == winners[0]
+        else:
+            assert view.lease is None

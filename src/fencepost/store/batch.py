@@ -22,7 +22,8 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Protocol, TypeVar
+from types import GeneratorType
+from typing import Any, Callable, ContextManager, Generator, Generic, Protocol, TypeVar, overload
 
 from fencepost.errors import StoreUnavailable
 
@@ -45,6 +46,9 @@ class Engine(Protocol):
     # The driver's errors; those `fatal` says so fail the whole batch (503),
     # others (a constraint, a bad statement) fail only their operation.
     errors: tuple[type[BaseException], ...]
+    # Whether a batch's operations are stepped together, their first
+    # statements sent in one `pipeline` (see BatchWriter._in_steps).
+    pipelines: bool
 
     def fatal(self, exc: BaseException) -> bool: ...
 
@@ -62,6 +66,10 @@ class Engine(Protocol):
 
     def broken(self, conn: Any) -> bool:
         """True when the connection cannot be used again."""
+
+    def pipeline(self, conn: Any) -> ContextManager[Any]:
+        """A block whose statements are sent without waiting for their answers;
+        an answer is waited for when it is read, and all of them at the end."""
 
 
 @dataclass(slots=True)
@@ -137,11 +145,19 @@ class BatchWriter:
             self._thread.join(timeout=10)
             self._thread = None
 
-    async def run(self, fn: Callable[[Tx], T]) -> T:
+    @overload
+    async def run(self, fn: Callable[[Tx], Generator[None, None, T]]) -> T: ...
+
+    @overload
+    async def run(self, fn: Callable[[Tx], T]) -> T: ...
+
+    async def run(self, fn: Callable[[Tx], Any]) -> Any:
+        """The result of `fn` (a plain function, or a step operation: see
+        `_in_steps`), once its batch has committed."""
         if self._thread is None:
             raise StoreUnavailable("The store is closed.")
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
+        future: asyncio.Future[Any] = loop.create_future()
         self._queue.put(_Job(fn, future, loop))
         return await future
 
@@ -222,23 +238,32 @@ class BatchWriter:
         events: list[Any] = []
         clock = self._engine.begin(conn, self._exclusive)
         shared = Batch(isolated=isolate)
-        for job in batch:
-            tx = Tx(self._engine, conn, clock(), [], shared)
-            if isolate:
-                self._engine.execute(conn, "SAVEPOINT op", ())
+        if not isolate:
             try:
-                result = job.fn(tx)
-            except Exception as exc:  # noqa: BLE001 - delivered to the caller
+                if self._engine.pipelines:
+                    done = self._in_steps(conn, batch, clock, shared)
+                else:
+                    done = self._one_by_one(batch, conn, clock, shared)
+            except Exception as exc:  # noqa: BLE001 - replayed one by one, isolated
                 if isinstance(exc, self._engine.errors) and self._engine.fatal(exc):
                     raise  # the connection or transaction failed: the whole batch fails
-                if not isolate:
-                    return None
+                return None
+            for job, result, tx in done:
+                outcomes.append((job, result, None))
+                events.extend(tx.events)
+        for job in batch if isolate else ():
+            tx = Tx(self._engine, conn, clock(), [], shared)
+            self._engine.execute(conn, "SAVEPOINT op", ())
+            try:
+                result = _to_the_end(job.fn(tx))
+            except Exception as exc:  # noqa: BLE001 - delivered to the caller
+                if isinstance(exc, self._engine.errors) and self._engine.fatal(exc):
+                    raise
                 self._engine.execute(conn, "ROLLBACK TO SAVEPOINT op", ())
                 self._engine.execute(conn, "RELEASE SAVEPOINT op", ())
                 outcomes.append((job, None, exc))
             else:
-                if isolate:
-                    self._engine.execute(conn, "RELEASE SAVEPOINT op", ())
+                self._engine.execute(conn, "RELEASE SAVEPOINT op", ())
                 outcomes.append((job, result, None))
                 events.extend(tx.events)
         try:
@@ -249,6 +274,58 @@ class BatchWriter:
                 raise
             return None  # the replay writes as it goes, in each operation's savepoint
         return outcomes, events
+
+    def _one_by_one(
+        self, batch: list[_Job[Any]], conn: Any, clock: Callable[[], int], shared: Batch
+    ) -> list[tuple[_Job[Any], Any, Tx]]:
+        """Run each operation whole, in batch order."""
+        done = []
+        for job in batch:
+            tx = Tx(self._engine, conn, clock(), [], shared)
+            done.append((job, _to_the_end(job.fn(tx)), tx))
+        return done
+
+    def _in_steps(
+        self, conn: Any, batch: list[_Job[Any]], clock: Callable[[], int], shared: Batch
+    ) -> list[tuple[_Job[Any], Any, Tx]]:
+        """Run the batch's operations, stepping generator operations together.
+
+        An operation may be a generator: it sends the statement of its common
+        case and yields; once every operation has sent its first statement
+        (pipelined: one round trip for all, not one each), each is resumed in
+        batch order to read its answer, and either returns or yields again
+        when it needs more statements; those operations then finish one at a
+        time, in batch order. A first step changes nothing unless it is the
+        whole operation (a guarded write that takes effect, or matches
+        nothing), so the batch equals a serial run: the operations finished
+        by their first step, then the others. Plain functions run whole, in
+        their turn. Raises what any operation raises."""
+        steps: list[tuple[_Job[Any], Tx, Any]] = []  # (job, tx, generator or result)
+        with self._engine.pipeline(conn):
+            for job in batch:
+                tx = Tx(self._engine, conn, clock(), [], shared)
+                produced = job.fn(tx)
+                if isinstance(produced, GeneratorType):
+                    try:
+                        next(produced)
+                    except StopIteration as stop:
+                        produced = _Finished(stop.value)
+                else:
+                    produced = _Finished(produced)
+                steps.append((job, tx, produced))
+        more: list[int] = []
+        for index, (job, tx, produced) in enumerate(steps):
+            if isinstance(produced, _Finished):
+                continue
+            try:
+                next(produced)
+                more.append(index)  # it needs more statements
+            except StopIteration as stop:
+                steps[index] = (job, tx, _Finished(stop.value))
+        for index in more:
+            job, tx, produced = steps[index]
+            steps[index] = (job, tx, _Finished(_to_the_end(produced)))
+        return [(job, produced.value, tx) for job, tx, produced in steps]
 
     def _abandon(self) -> None:
         conn = self._conn
@@ -273,6 +350,23 @@ class BatchWriter:
             except RuntimeError:
                 pass  # that loop is closed; nobody is waiting any more
             events = []  # publish each event once, on the first loop
+
+
+@dataclass(slots=True)
+class _Finished:
+    value: Any
+
+
+def _to_the_end(produced: Any) -> Any:
+    """The result of an operation: a plain function's, or a generator run to
+    its return."""
+    if not isinstance(produced, GeneratorType):
+        return produced
+    try:
+        while True:
+            next(produced)
+    except StopIteration as stop:
+        return stop.value
 
 
 def _settle(

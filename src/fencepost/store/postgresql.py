@@ -15,12 +15,13 @@ re-check every second in case a notification is lost.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 import threading
 import time
 from functools import lru_cache
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager, Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -67,14 +68,48 @@ class _Connection(psycopg.Connection[Any]):
     """A connection that runs every statement on one cursor: setting up a fresh
     cursor is about a third of psycopg's own cost per statement. A statement's
     rows must therefore be read before the next statement runs (the SQL
-    modules always do)."""
+    modules always do), except in a pipeline, where each has its own."""
 
-    __slots__ = ("statements",)
+    __slots__ = ("statements", "pipe")
     statements: psycopg.Cursor[Any]
+    pipe: psycopg.Pipeline | None
+
+
+class _PipelinedCursor:
+    """A statement sent in a pipeline: reading its answer waits for it."""
+
+    __slots__ = ("_cursor", "_pipe")
+
+    def __init__(self, cursor: psycopg.Cursor[Any], pipe: psycopg.Pipeline) -> None:
+        self._cursor = cursor
+        self._pipe = pipe
+
+    @property
+    def rowcount(self) -> int:
+        if self._cursor.pgresult is None:  # not answered yet
+            self._pipe.sync()
+        return self._cursor.rowcount
+
+    def fetchone(self) -> Any:
+        return self._cursor.fetchone()
+
+    def fetchall(self) -> list[Any]:
+        return self._cursor.fetchall()
+
+
+@contextlib.contextmanager
+def _pipelined(conn: _Connection) -> Iterator[None]:
+    with conn.pipeline() as pipe:
+        conn.pipe = pipe
+        try:
+            yield
+        finally:
+            conn.pipe = None
 
 
 class PostgresEngine:
     errors: tuple[type[BaseException], ...] = (psycopg.Error,)
+    pipelines = True
 
     def __init__(self, url: str, clock_ms: Callable[[], int] | None) -> None:
         self.url = libpq_url(url)
@@ -86,6 +121,7 @@ class PostgresEngine:
             self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S, options=SESSION_OPTIONS
         )
         conn.statements = conn.cursor()
+        conn.pipe = None
         return conn
 
     def begin(self, conn: _Connection, exclusive: bool) -> Callable[[], int]:
@@ -100,7 +136,14 @@ class PostgresEngine:
         return lambda: db_ms + int((time.monotonic() - started) * 1000)
 
     def execute(self, conn: _Connection, sql: str, params: tuple[Any, ...]) -> Cursor:
+        if conn.pipe is not None:
+            return _PipelinedCursor(conn.cursor().execute(_placeholders(sql), params), conn.pipe)
         return conn.statements.execute(_placeholders(sql), params)
+
+    def pipeline(self, conn: _Connection) -> ContextManager[None]:
+        # The first statements of a batch's operations go out together: one
+        # round trip for the batch instead of one per operation.
+        return _pipelined(conn)
 
     def commit(self, conn: _Connection, events: list[Any]) -> None:
         payloads = sorted({_encode(event) for event in events})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 from fencepost.clock import wall_clock_ms
 from fencepost.errors import StoreUnavailable
@@ -16,6 +16,9 @@ from fencepost.store.sql_store import DEFAULT_READERS, SqlStore
 
 class SqliteEngine:
     errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
+    # Statements are in-process calls: no round trip to save by stepping a
+    # batch's operations together, so each runs whole, in turn.
+    pipelines = False
 
     def __init__(self, path: str, clock_ms: Callable[[], int]) -> None:
         self.path = path
@@ -51,6 +54,9 @@ class SqliteEngine:
 
     def broken(self, conn: sqlite3.Connection) -> bool:
         return False
+
+    def pipeline(self, conn: sqlite3.Connection) -> ContextManager[None]:
+        raise NotImplementedError  # `pipelines` is False: never asked
 
 
 class SqliteStore(SqlStore):

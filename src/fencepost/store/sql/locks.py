@@ -4,13 +4,13 @@ SQLite, one advisory lock on PostgreSQL) makes read-decide-write atomic."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Generator
 
 from fencepost.core import leases as rules
 from fencepost.core.leases import AcquireRequest, Busy, EndReason, Granted, Lease, OnExpiry
 from fencepost.errors import LeaseExpired, LeaseLost
 from fencepost.store.base import AcquireResult, ForceReleased, LockView, lock_freed
-from fencepost.store.batch import Tx
+from fencepost.store.batch import Cursor, Tx
 from fencepost.store.sql import ended, fencing
 from fencepost.store.sql.known_leases import KnownLeases
 
@@ -115,27 +115,6 @@ def _decide_and_write(
     return outcome
 
 
-def _grant_if_free(
-    tx: Tx, known: KnownLeases, project: str, key: str, request: AcquireRequest
-) -> Granted | None:
-    """The common case in one statement: the rules decide for a free lock with
-    an empty line, and the insert happens only if that is what the lock is."""
-    outcome = rules.decide_acquire(
-        key, None, request, tx.now_ms, waiters_ahead=0,
-        next_fencing_token=lambda: fencing.take(tx),
-    )
-    assert isinstance(outcome, Granted)
-    lease = outcome.lease
-    written = tx.execute(
-        _INSERT_IF_FREE, (*_lease_values(project, lease), project, key, tx.now_ms)
-    ).rowcount
-    if not written:
-        fencing.give_back(tx, lease.fencing_token)
-        return None
-    known.put(project, lease)
-    return outcome
-
-
 def acquire(
     tx: Tx,
     known: KnownLeases,
@@ -143,10 +122,25 @@ def acquire(
     key: str,
     request: AcquireRequest,
     wait_alive_ms: int | None,
-) -> AcquireResult:
-    granted = _grant_if_free(tx, known, project, key, request)
-    if granted is not None:
-        return AcquireResult(granted)
+) -> Generator[None, None, AcquireResult]:
+    """A batch step operation (see BatchWriter): first the common case in one
+    statement (the rules decide for a free lock with an empty line, and the
+    insert happens only if that is what the lock is), then, if it was not,
+    the general case."""
+    outcome = rules.decide_acquire(
+        key, None, request, tx.now_ms, waiters_ahead=0,
+        next_fencing_token=lambda: fencing.take(tx),
+    )
+    assert isinstance(outcome, Granted)
+    sent = tx.execute(
+        _INSERT_IF_FREE, (*_lease_values(project, outcome.lease), project, key, tx.now_ms)
+    )
+    yield
+    if sent.rowcount:
+        known.put(project, outcome.lease)
+        return AcquireResult(outcome)
+    fencing.give_back(tx, outcome.lease.fencing_token)
+    yield
     current, waiting = load_line(tx, project, key)
     outcome = _decide_and_write(tx, known, project, key, request, current, waiting)
     if isinstance(outcome, Granted) or wait_alive_ms is None:
@@ -184,7 +178,7 @@ def leave_line(tx: Tx, project: str, key: str, ticket: int) -> None:
         tx.events.append(lock_freed(project, key))  # the next in line may go now
 
 
-def _set_expiry(tx: Tx, project: str, before: Lease, after: Lease) -> bool:
+def _send_expiry(tx: Tx, project: str, before: Lease, after: Lease) -> Cursor:
     # Contract: the row changes only if it is still exactly the lease the rules
     # judged (the fencing token names the grant; only renewals move the expiry).
     return tx.execute(
@@ -192,39 +186,50 @@ def _set_expiry(tx: Tx, project: str, before: Lease, after: Lease) -> bool:
         "WHERE project = ? AND key = ? AND fencing_token = ? AND expires_ms = ?",
         (after.expires_ms, rules.end_of_life_ms(after), project, before.key,
          before.fencing_token, before.expires_ms),
-    ).rowcount > 0
+    )
 
 
 def renew(
     tx: Tx, known: KnownLeases, project: str, key: str, lock_token: str, ttl_seconds: int
-) -> Lease:
+) -> Generator[None, None, Lease]:
+    """A batch step operation: first a guarded update of the lease this writer
+    last wrote, then, if that was stale, the row decides."""
     remembered = known.get(project, key)
+    sent: tuple[Cursor, Lease] | None = None
     if remembered is not None:
         try:
             renewed = rules.decide_renew(remembered, lock_token, ttl_seconds, tx.now_ms, None)
         except (LeaseLost, LeaseExpired):
             pass  # maybe stale (renewed or ended elsewhere): the row decides below
         else:
-            if _set_expiry(tx, project, remembered, renewed):
-                known.put(project, renewed)
-                return renewed
+            sent = (_send_expiry(tx, project, remembered, renewed), renewed)
+    yield
+    if sent is not None and sent[0].rowcount > 0:
+        known.put(project, sent[1])
+        return sent[1]
+    yield
     current = load_lease(tx, project, key)
     reason = None
     if current is None or current.lock_token != lock_token:
         reason = ended.reason(tx, project, key, lock_token)
     renewed = rules.decide_renew(current, lock_token, ttl_seconds, tx.now_ms, reason)
     assert current is not None  # decide_renew raised otherwise
-    _set_expiry(tx, project, current, renewed)
+    _send_expiry(tx, project, current, renewed)
     known.put(project, renewed)
     return renewed
 
 
-def release(tx: Tx, known: KnownLeases, project: str, key: str, lock_token: str) -> bool:
-    row = tx.execute(
+def release(
+    tx: Tx, known: KnownLeases, project: str, key: str, lock_token: str
+) -> Generator[None, None, bool]:
+    """A batch step operation of one statement."""
+    sent = tx.execute(
         f"DELETE FROM locks WHERE project = ? AND key = ? AND lock_token = ? "
         f"RETURNING {_LEASE_COLUMNS}",
         (project, key, lock_token),
-    ).fetchone()
+    )
+    yield
+    row = sent.fetchone()
     if row is None:
         return False
     known.forget(project, key)
