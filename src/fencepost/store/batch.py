@@ -16,6 +16,7 @@ judges expiry, and how other replicas hear about freed locks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import sys
 import threading
@@ -23,7 +24,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from types import GeneratorType
-from typing import Any, Callable, ContextManager, Generator, Generic, Protocol, TypeVar, overload
+from typing import Any, Callable, ContextManager, Generator, Generic, Protocol, TypeVar, cast
 
 from fencepost.errors import StoreUnavailable
 
@@ -104,9 +105,10 @@ class Tx:
 
 @dataclass(slots=True)
 class _Job(Generic[T]):
-    fn: Callable[[Tx], T]
+    fn: Callable[[Tx], Any]
     future: asyncio.Future[T]
     loop: asyncio.AbstractEventLoop
+    steps: bool = False  # fn returns a step operation (see _in_steps)
 
 
 _STOP = object()
@@ -145,20 +147,21 @@ class BatchWriter:
             self._thread.join(timeout=10)
             self._thread = None
 
-    @overload
-    async def run(self, fn: Callable[[Tx], Generator[None, None, T]]) -> T: ...
+    async def run(self, fn: Callable[[Tx], T]) -> T:
+        """The result of `fn`, once its batch has committed."""
+        return cast(T, await self._submit(fn, steps=False))
 
-    @overload
-    async def run(self, fn: Callable[[Tx], T]) -> T: ...
+    async def run_steps(self, fn: Callable[[Tx], Generator[None, None, T]]) -> T:
+        """The result of the step operation `fn` returns (see `_in_steps`),
+        once its batch has committed."""
+        return cast(T, await self._submit(fn, steps=True))
 
-    async def run(self, fn: Callable[[Tx], Any]) -> Any:
-        """The result of `fn` (a plain function, or a step operation: see
-        `_in_steps`), once its batch has committed."""
+    async def _submit(self, fn: Callable[[Tx], Any], steps: bool) -> Any:
         if self._thread is None:
             raise StoreUnavailable("The store is closed.")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._queue.put(_Job(fn, future, loop))
+        self._queue.put(_Job(fn, future, loop, steps))
         return await future
 
     def _run(self) -> None:
@@ -299,13 +302,21 @@ class BatchWriter:
         whole operation (a guarded write that takes effect, or matches
         nothing), so the batch equals a serial run: the operations finished
         by their first step, then the others. Plain functions run whole, in
-        their turn. Raises what any operation raises."""
+        their turn, outside the pipeline (each of their statements waits for
+        its answer anyway). Raises what any operation raises."""
         steps: list[tuple[_Job[Any], Tx, Any]] = []  # (job, tx, generator or result)
-        with self._engine.pipeline(conn):
+        with contextlib.ExitStack() as pipeline:
+            piped = False
             for job in batch:
                 tx = Tx(self._engine, conn, clock(), [], shared)
+                if job.steps != piped:  # open or close the pipeline
+                    if job.steps:
+                        pipeline.enter_context(self._engine.pipeline(conn))
+                    else:
+                        pipeline.close()
+                    piped = job.steps
                 produced = job.fn(tx)
-                if isinstance(produced, GeneratorType):
+                if job.steps:
                     try:
                         next(produced)
                     except StopIteration as stop:

@@ -112,7 +112,7 @@ class SqlStore:
     async def acquire_lock(
         self, project: str, key: str, request: AcquireRequest, *, wait_alive_ms: int | None
     ) -> AcquireResult:
-        return await self._writer.run(
+        return await self._writer.run_steps(
             lambda tx: locks.acquire(tx, self._known, project, key, request, wait_alive_ms)
         )
 
@@ -127,12 +127,12 @@ class SqlStore:
         await self._writer.run(lambda tx: locks.leave_line(tx, project, key, ticket))
 
     async def renew_lock(self, project: str, key: str, lock_token: str, ttl_seconds: int) -> Lease:
-        return await self._writer.run(
+        return await self._writer.run_steps(
             lambda tx: locks.renew(tx, self._known, project, key, lock_token, ttl_seconds)
         )
 
     async def release_lock(self, project: str, key: str, lock_token: str) -> bool:
-        return await self._writer.run(
+        return await self._writer.run_steps(
             lambda tx: locks.release(tx, self._known, project, key, lock_token)
         )
 
