@@ -28,12 +28,6 @@ def error_response(error: FencepostError) -> Response:
     return json_response(error.http_status, error.to_body(), error.response_headers())
 
 
-async def read_body(request: Request) -> bytes:
-    """The body. The connection has already refused (413) one over
-    MAX_BODY_BYTES, before reading more of it than it had to."""
-    return request.body
-
-
 def required_uuid_header(request: Request, name: str) -> str:
     """A required header that must be a UUID; missing or malformed is a 400."""
     value = request.headers.get(name)

@@ -4,7 +4,7 @@ connection (server/wire.py), with only what the routes use."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, NamedTuple, overload
+from typing import Any, NamedTuple, overload
 from urllib.parse import parse_qsl
 
 
@@ -24,9 +24,6 @@ class Headers:
 
     def get(self, name: str, default: str | None = None) -> str | None:
         return self._values.get(name.lower(), default)
-
-    def __contains__(self, name: str) -> bool:
-        return name.lower() in self._values
 
 
 class QueryParams:
@@ -75,6 +72,7 @@ class Request:
         self.headers = Headers(headers)
         self.path_params: dict[str, str] = {}
         self.client = client
+        # Whole and at most MAX_BODY_BYTES: the connection refuses larger (413).
         self.body = body
         self.request_id = request_id
         self._gone = gone
@@ -85,10 +83,6 @@ class Request:
         if self._query is None:
             self._query = QueryParams(self.query_string)
         return self._query
-
-    async def stream(self) -> AsyncIterator[bytes]:
-        # The connection has read (and size-checked) the whole body already.
-        yield self.body
 
     async def receive(self) -> dict[str, Any]:
         """ASGI-style: returns `http.disconnect` once the client has gone."""

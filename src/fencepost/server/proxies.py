@@ -6,19 +6,16 @@ client could claim an allowlisted address by sending the header itself.
 
 from __future__ import annotations
 
-import ipaddress
 from functools import lru_cache
 
-Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+from fencepost.core.keys import Network, ip_allowed, parse_networks
 
 
 class TrustedProxies:
     def __init__(self, entries: list[str]) -> None:
         """`entries`: addresses or networks (`10.0.0.0/8`), or `*` for any."""
         self._any = "*" in entries
-        self._networks: list[Network] = [
-            ipaddress.ip_network(entry, strict=False) for entry in entries if entry != "*"
-        ]
+        self._networks: list[Network] = parse_networks([e for e in entries if e != "*"])
         self._trusts = lru_cache(maxsize=1024)(self._check)
 
     def __bool__(self) -> bool:
@@ -27,13 +24,8 @@ class TrustedProxies:
     def _check(self, host: str) -> bool:
         if self._any:
             return True
-        try:
-            address = ipaddress.ip_address(host)
-        except ValueError:
-            return False
-        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-            address = address.ipv4_mapped  # a dual-stack proxy's way of writing IPv4
-        return any(address in network for network in self._networks)
+        # ip_allowed lets anyone through an empty allowlist; no proxies trusts none.
+        return bool(self._networks) and ip_allowed(host, self._networks)
 
     def client(self, peer: str, forwarded_for: str | None) -> str:
         """The caller's address: the peer, or, when the peer is a trusted proxy,

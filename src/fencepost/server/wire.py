@@ -142,6 +142,7 @@ class HttpConnection(asyncio.Protocol):
         self._idle_timer: asyncio.TimerHandle | None = None
         self._linger: asyncio.TimerHandle | None = None
         self._read_deadline: asyncio.TimerHandle | None = None
+        self._partial = False  # a request begun and not yet complete
         # The request being parsed.
         self._url = b""
         self._headers: dict[str, str] = {}
@@ -194,6 +195,10 @@ class HttpConnection(asyncio.Protocol):
                 self._refuse_and_stop(400, "The request is not valid HTTP/1.1.")
             elif self._draining:  # the parser stopped mid-body: what follows is dropped
                 self._discarded += len(data)
+        if self._partial and self._read_deadline is None and not self._broken:
+            # Only a request that spans reads gets a deadline: most arrive
+            # whole, and a timer per request would cost every one of them.
+            self._read_deadline = self._loop.call_later(REQUEST_READ_S, self._read_too_slow)
         if not self.busy and not self._broken:
             self._wait_idle()  # a request that stops half-way is dropped too
 
@@ -208,7 +213,7 @@ class HttpConnection(asyncio.Protocol):
 
     # --- httptools callbacks ------------------------------------------------
     def on_message_begin(self) -> None:
-        self._read_deadline = self._loop.call_later(REQUEST_READ_S, self._read_too_slow)
+        self._partial = True
         self._continue_owed = False
         self._url = b""
         self._headers = {}
@@ -259,6 +264,7 @@ class HttpConnection(asyncio.Protocol):
             self._body.append(chunk)
 
     def on_message_complete(self) -> None:
+        self._partial = False
         if self._read_deadline is not None:
             self._read_deadline.cancel()
             self._read_deadline = None

@@ -7,7 +7,7 @@ from fencepost.core.timefmt import format_at
 from fencepost.errors import NotFound
 from fencepost.server import schemas
 from fencepost.server.context import endpoint, services
-from fencepost.server.http import json_response, read_body
+from fencepost.server.http import json_response
 from fencepost.server.messages import Request, Response
 from fencepost.server.validation import decode_body, invalid_field
 from fencepost.store.base import KeyRecord, NewKey
@@ -31,7 +31,7 @@ def key_info(record: KeyRecord) -> schemas.KeyInfo:
 async def create_key(request: Request) -> Response:
     svc = services(request)
     principal = await svc.auth.authenticate(request, Role.ADMIN)
-    body = decode_body(await read_body(request), schemas.CreateKeyBody)
+    body = decode_body(request.body, schemas.CreateKeyBody)
     allow_ips = body.allow_ips or []
     try:
         networks = parse_networks(allow_ips)

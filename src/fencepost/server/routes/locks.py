@@ -14,7 +14,7 @@ from fencepost.errors import FencepostError
 from fencepost.server import schemas
 from fencepost.server.attempts import AttemptLog, get_or_wait
 from fencepost.server.context import endpoint, path_name, request_id, services
-from fencepost.server.http import json_response, read_body, required_uuid_header
+from fencepost.server.http import json_response, required_uuid_header
 from fencepost.server.listing import list_query, page
 from fencepost.server.messages import Request, Response
 from fencepost.server.validation import decode_body, invalid_field
@@ -77,7 +77,7 @@ async def acquire(request: Request) -> Response:
         key = path_name(request, "key")
         token = required_uuid_header(request, "x-lock-token")
         required_uuid_header(request, "x-request-id")
-        body = decode_body(await read_body(request), schemas.AcquireLockBody)
+        body = decode_body(request.body, schemas.AcquireLockBody)
         wanted = AcquireRequest(
             lock_token=token,
             ttl_seconds=body.ttl_seconds,
@@ -142,7 +142,7 @@ async def renew(request: Request) -> Response:
     key = path_name(request, "key")
     token = required_uuid_header(request, "x-lock-token")
     required_uuid_header(request, "x-request-id")
-    body = decode_body(await read_body(request), schemas.RenewLockBody)
+    body = decode_body(request.body, schemas.RenewLockBody)
     lease = await svc.store.renew_lock(principal.project, key, token, body.ttl_seconds)
     return json_response(
         200,

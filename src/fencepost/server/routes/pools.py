@@ -22,7 +22,7 @@ from fencepost.errors import (
 from fencepost.server import schemas
 from fencepost.server.attempts import AttemptLog, get_or_wait
 from fencepost.server.context import endpoint, path_name, services
-from fencepost.server.http import json_response, read_body
+from fencepost.server.http import json_response
 from fencepost.server.listing import list_query, page
 from fencepost.server.messages import Request, Response
 from fencepost.server.validation import decode_body
@@ -81,7 +81,7 @@ async def put_pool(request: Request) -> Response:
     svc = services(request)
     principal = await svc.auth.authenticate(request, Role.ADMIN)
     name = path_name(request, "pool")
-    config = _config(decode_body(await read_body(request), schemas.PoolConfigBody))
+    config = _config(decode_body(request.body, schemas.PoolConfigBody))
     view, created = await svc.store.put_pool(principal.project, name, config)
     return json_response(201 if created else 200, pool_state(view))
 
@@ -168,7 +168,7 @@ async def acquire(request: Request) -> Response:
         principal = await svc.auth.authenticate(request, Role.MEMBER)
         log.fields.update(project=principal.project, key_id=principal.key_id)
         pool = path_name(request, "pool")
-        wanted_ms, no_queue = _wanted_wait_ms(request, await read_body(request))
+        wanted_ms, no_queue = _wanted_wait_ms(request, request.body)
         view = await svc.store.get_pool(principal.project, pool)
         if view is None:
             raise NotFound(f"No pool named {pool!r}.")
@@ -245,7 +245,7 @@ async def renew(request: Request) -> Response:
     svc = services(request)
     principal = await svc.auth.authenticate(request, Role.MEMBER)
     pool = path_name(request, "pool")
-    body = await read_body(request)
+    body = request.body
     if body.strip():
         decode_body(body, schemas.EmptyBody)  # renewal takes no fields
     slot = await svc.store.renew_slot(principal.project, pool, _slot_id(request))
@@ -272,7 +272,7 @@ async def release(request: Request) -> Response:
     svc = services(request)
     principal = await svc.auth.authenticate(request, Role.MEMBER)
     pool = path_name(request, "pool")
-    body = await read_body(request)
+    body = request.body
     report = None
     if body.strip():
         parsed = decode_body(body, schemas.ReleaseSlotBody)
