@@ -203,6 +203,14 @@ class ShuttingDown(FencepostError):
     default_message = "The server is shutting down; retry on another replica."
 
 
+class TooManyConnections(FencepostError):
+    """503: the server holds as many connections as it allows; retry shortly."""
+
+    code = "too_many_connections"
+    http_status = 503
+    default_message = "The server has too many open connections; retry shortly."
+
+
 class StoreUnavailable(FencepostError):
     """503: the server's store is not answering."""
 

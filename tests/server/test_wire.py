@@ -944,3 +944,187 @@ async def test_connections_made_after_shut_are_closed(served: Served) -> None:
     with contextlib.suppress(ConnectionError):
         await c.send(request_bytes("GET", "/healthz"))
     assert await c.closed_by_server()
+
+
+# --- hostile connections: repeated headers, framing, floods, stalls ---------------------------
+
+
+@pytest.mark.parametrize("name,values", [
+    ("Authorization", [f"Bearer {KEY}", "Bearer fp_wrong"]),
+    ("Authorization", ["Bearer fp_wrong", f"Bearer {KEY}"]),
+    ("X-Api-Key", [KEY, KEY]),
+    ("X-Lock-Token", [str(uuid.uuid4()), str(uuid.uuid4())]),
+    ("X-Request-Id", [str(uuid.uuid4()), str(uuid.uuid4())]),
+    ("Host", ["a.example", "b.example"]),
+], ids=["auth-good-first", "auth-good-last", "api-key", "lock-token", "request-id", "host"])
+async def test_a_repeated_single_header_is_400_changes_nothing_and_closes(
+    served: Served, name: str, values: list[str],
+) -> None:
+    key = unique("twice")
+    body = b'{"ttl_seconds": 60}'
+    lines = [f"PUT /v1/locks/{key}/lease HTTP/1.1"]
+    singles = {"Authorization": f"Bearer {KEY}", "Host": "127.0.0.1",
+               "X-Lock-Token": str(uuid.uuid4()), "X-Request-Id": str(uuid.uuid4())}
+    singles.pop(name, None)
+    lines += [f"{n}: {v}" for n, v in singles.items()]
+    lines += [f"{name}: {v}" for v in values]
+    lines += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
+    raw = ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+    c = await served.client()
+    reply = await c.request(raw + request_bytes("GET", "/healthz"))  # pipelined: never served
+    assert reply.status == 400, reply
+    assert reply.error_code() == "invalid_request"
+    assert name.lower() in reply.json()["error"]["message"].lower()
+    assert reply.headers.get("connection") == "close"
+    assert await c.closed_by_server()
+    assert (await lock_state(served.app, key))["held"] is False
+
+
+@pytest.mark.parametrize("raw", [
+    b"GET /healthz HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nContent-Length: 0\r\n\r\n",
+    b"POST /v1/pools/p/lock/acquire HTTP/1.1\r\nHost: a\r\nContent-Length: 4\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    b"GET /healthz HTTP/1.1\r\n\r\n",
+    b"GET /healthz HTTP/1.1\r\nX-Api-Key: x\r\n\r\n",
+], ids=["content-length-twice", "length-and-chunked", "no-host", "no-host-other-headers"])
+async def test_ambiguous_or_hostless_http_1_1_is_400_and_closes(served: Served, raw: bytes) -> None:
+    c = await served.client()
+    reply = await c.request(raw + request_bytes("GET", "/healthz"))
+    assert reply.status == 400, reply
+    assert reply.error_code() == "invalid_request"
+    assert await c.closed_by_server()
+
+
+async def test_http_1_0_without_host_is_served(served: Served) -> None:
+    c = await served.client()
+    reply = await c.request(b"GET /healthz HTTP/1.0\r\n\r\n")
+    assert reply.status == 200, reply
+
+
+async def test_repeated_list_headers_reach_the_app_combined_in_order(app: App) -> None:
+    seen: list[Request] = []
+
+    async def handle(request: Request) -> Response:
+        seen.append(request)
+        return Response(b"")
+
+    s = await start(app, proxies=TrustedProxies(["127.0.0.1"]), handle=handle)
+    try:
+        c = await s.client()
+        raw = (b"GET /x HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 10.1.2.3\r\n"
+               b"Accept: a/b\r\nX-Forwarded-For: 198.51.100.7\r\nAccept: c/d\r\n\r\n")
+        assert (await c.request(raw)).status == 200
+        assert seen[0].headers.get("x-forwarded-for") == "10.1.2.3, 198.51.100.7"
+        assert seen[0].headers.get("accept") == "a/b, c/d"
+        # The proxy's own (last) line names the caller, not the forged first one.
+        assert seen[0].client is not None and seen[0].client.host == "198.51.100.7"
+    finally:
+        await stop(s)
+
+
+async def test_line_breaks_alone_do_not_keep_a_connection_open(
+    app: App, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(wire, "KEEP_ALIVE_S", 0.3)
+    s = await start(app)
+    try:
+        c = await s.client()
+        assert (await c.request(request_bytes("GET", "/healthz"))).status == 200
+        closed = False
+        for _ in range(200):  # 10 s of a line break every 50 ms, far past the timeout
+            try:
+                await c.send(b"\r\n")
+            except (ConnectionError, OSError):
+                closed = True
+                break
+            if c.reader.at_eof():
+                closed = True
+                break
+            await asyncio.sleep(0.05)
+        assert closed, "line breaks kept the connection open past the idle timeout"
+        await eventually(_async(lambda: not s.connections.open), "connection forgotten")
+    finally:
+        await stop(s)
+
+
+async def test_thousands_of_tiny_pipelined_requests_in_one_write_are_answered_in_order(
+    served: Served,
+) -> None:
+    count = 1500
+    c = await served.client()
+    await c.send(b"".join(
+        request_bytes("GET", "/healthz", auth=False, headers={"X-Request-Id": f"r{i}"})
+        for i in range(count)))
+    for i in range(count):
+        reply = await c.reply()
+        assert (reply.status, reply.headers["x-request-id"]) == (200, f"r{i}")
+        # However much arrived at once, only a few requests wait parsed.
+        for connection in served.connections.open:
+            assert len(connection._queue) <= wire.MAX_QUEUED < count // 10
+
+
+async def test_a_client_that_never_reads_holds_bounded_memory_and_is_cut_off(
+    app: App, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(wire, "SEND_STALL_S", 1.0)
+    s = await start(app)
+    try:
+        document_size = len((await call(app, "GET", "/openapi.json")).body)
+        reader, writer = await asyncio.open_connection("127.0.0.1", s.port)
+        flood = request_bytes("GET", "/openapi.json", auth=False) * 2000
+        writer.write(flood)  # never read an answer
+        (connection,) = s.connections.open
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + GUARD_S
+        worst = 0
+        while s.connections.open and loop.time() < deadline:
+            transport = connection._transport
+            if transport is not None:
+                worst = max(worst, transport.get_write_buffer_size())
+            assert len(connection._queue) <= wire.MAX_QUEUED
+            await asyncio.sleep(0.01)
+        assert not s.connections.open, "a client that reads nothing was never cut off"
+        high_water = 64 * 1024  # asyncio's default high-water mark for the write buffer
+        assert worst <= high_water + 2 * document_size, worst
+        writer.close()
+    finally:
+        await stop(s)
+
+
+async def test_a_slow_reader_still_gets_every_answer(served: Served) -> None:
+    count = 300
+    c = await served.client()
+    await c.send(request_bytes("GET", "/openapi.json", auth=False) * count)
+    await asyncio.sleep(0.2)  # let the server fill the socket and pause
+    for _ in range(count):
+        assert (await c.reply()).status == 200
+
+
+async def test_connections_over_the_cap_get_503_and_close(app: App) -> None:
+    connections = Connections(app, app.handle, app.refuse, TrustedProxies([]), max_connections=2)
+    server = await asyncio.get_running_loop().create_server(
+        connections.protocol, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    clients = [await Client.connect(port) for _ in range(2)]
+    try:
+        await eventually(_async(lambda: len(connections.open) == 2), "two connections held")
+        extra = await Client.connect(port)
+        reply = await extra.reply()
+        assert reply.status == 503, reply
+        assert reply.error_code() == "too_many_connections"
+        assert reply.headers.get("retry-after") == "1"
+        assert reply.headers.get("x-request-id")
+        assert await extra.closed_by_server()
+        # The held ones still work; once one closes, a newcomer is served.
+        assert (await clients[0].request(request_bytes("GET", "/healthz"))).status == 200
+        clients[1].close()
+        await eventually(_async(lambda: len(connections.open) == 1), "one connection left")
+        newcomer = await Client.connect(port)
+        clients.append(newcomer)
+        assert (await newcomer.request(request_bytes("GET", "/healthz"))).status == 200
+    finally:
+        for c in clients:
+            c.close()
+        server.close()
+        connections.abort()
+        await server.wait_closed()

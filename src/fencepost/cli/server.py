@@ -47,9 +47,13 @@ def _save_secret(path: Path, secret: str) -> None:
 @click.option("--trusted-proxies", envvar="FENCEPOST_TRUSTED_PROXIES", default="",
               help="Comma-separated addresses of load balancers whose X-Forwarded-For "
                    "is believed (for IP allowlists). Default: none.")
+@click.option("--max-connections", envvar="FENCEPOST_MAX_CONNECTIONS", default=None,
+              type=click.IntRange(1, 1_000_000),
+              help="Open connections held at once; more are answered 503 and closed. "
+                   "Default: 4096, or fewer when the open-file limit is lower.")
 def serve(
     store: str, store_readers: int, host: str, port: int, access_log: str | None,
-    trusted_proxies: str,
+    trusted_proxies: str, max_connections: int | None,
 ) -> None:
     """Run the lock service."""
     from fencepost.server.app import AppConfig, create_app
@@ -88,7 +92,7 @@ def serve(
         AppConfig(access_log=access_log, bootstrap_key=bootstrap_key, on_bootstrap=announce),
     )
     click.echo(f"fencepost: serving on http://{host}:{port} with {redacted(store)}", err=True)
-    run_server(app, host, port, proxies)
+    run_server(app, host, port, proxies, max_connections)
 
 
 @click.group()

@@ -29,6 +29,7 @@ from fencepost.errors import (
     QuotaExceeded,
     ShuttingDown,
     StoreUnavailable,
+    TooManyConnections,
     TransportError,
     UnexpectedResponse,
 )
@@ -63,7 +64,9 @@ def should_retry(call: Call[Any], error: BaseException) -> bool:
         return False
     if isinstance(error, TransportError):
         return call.idempotent or not error.maybe_sent
-    if isinstance(error, QuotaExceeded | ShuttingDown | StoreUnavailable):
+    if isinstance(
+        error, QuotaExceeded | ShuttingDown | StoreUnavailable | TooManyConnections
+    ):
         return True  # the server refused before doing anything
     if isinstance(error, UnexpectedResponse):
         # A proxy's 502/503/504 may hide whether the server acted on the request.

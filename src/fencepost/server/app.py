@@ -17,6 +17,7 @@ from fencepost.errors import (
     MethodNotAllowed,
     NotFound,
     PayloadTooLarge,
+    TooManyConnections,
 )
 from fencepost.server.access_log import AccessLog
 from fencepost.server.auth import Authenticator
@@ -149,6 +150,8 @@ class App:
             error = PayloadTooLarge()
         elif status == 400:
             error = InvalidRequest(message)
+        elif status == 503:
+            error = TooManyConnections(message, retry_after_ms=1000)
         else:
             error = FencepostError()
         return error_response(error), request_id_for(headers.get("x-request-id"))

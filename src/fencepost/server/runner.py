@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import resource
 import signal
 import sys
 from typing import Any, Coroutine
@@ -13,16 +15,25 @@ from fencepost.server.wire import Connections
 
 # In-flight requests get this long to finish after SIGTERM.
 GRACEFUL_SHUTDOWN_S = 10.0
+DEFAULT_MAX_CONNECTIONS = 4096
+# File descriptors kept free of connections: the store's database files and
+# sockets, the access log, and a few for anything else the process opens.
+RESERVED_FDS = 64
 _POLL_S = 0.02
 
 
-def serve(app: App, host: str, port: int, trusted_proxies: list[str] | None = None) -> None:
+def serve(
+    app: App, host: str, port: int, trusted_proxies: list[str] | None = None,
+    max_connections: int | None = None,
+) -> None:
     """Run until SIGTERM/SIGINT (exit 0 after a graceful stop); exit 1 when the
     store cannot be opened or the address cannot be bound. X-Forwarded-For is
-    believed only from `trusted_proxies`."""
+    believed only from `trusted_proxies`. More than `max_connections` open
+    connections are refused with a 503 (default: see `connection_cap`)."""
     proxies = TrustedProxies(list(trusted_proxies or []))
+    cap = connection_cap(max_connections)
     try:
-        ok = _run(_serve(app, host, port, proxies))
+        ok = _run(_serve(app, host, port, proxies, cap))
     except KeyboardInterrupt:  # a second Ctrl-C while stopping
         ok = True
     if not ok:
@@ -37,14 +48,31 @@ def _run(main: Coroutine[Any, Any, bool]) -> bool:
     return uvloop.run(main)
 
 
-async def _serve(app: App, host: str, port: int, proxies: TrustedProxies) -> bool:
+def connection_cap(requested: int | None) -> int:
+    """How many connections to hold at once. The soft file limit is raised to
+    the hard one first; the cap then stays below it, with room for the store's
+    files and sockets, so that a flood of connections is refused with a 503
+    instead of every accept failing (EMFILE) for everyone."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    room = max(1, soft - RESERVED_FDS)
+    return min(requested, room) if requested is not None else min(DEFAULT_MAX_CONNECTIONS, room)
+
+
+async def _serve(
+    app: App, host: str, port: int, proxies: TrustedProxies, max_connections: int,
+) -> bool:
     loop = asyncio.get_running_loop()
     try:
         await app.startup()
     except Exception as exc:  # noqa: BLE001 - reported in one line, no traceback
         print(f"fencepost: cannot start: {exc}", file=sys.stderr)
         return False
-    connections = Connections(app, app.handle, app.refuse, proxies)
+    connections = Connections(app, app.handle, app.refuse, proxies, max_connections)
     try:
         server = await loop.create_server(
             connections.protocol, host, port, reuse_address=True, backlog=2048

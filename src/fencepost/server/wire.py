@@ -3,7 +3,14 @@
 httptools (llhttp, the parser in Node.js) parses; this module keeps the
 connection: one request served at a time in arrival order (pipelined requests
 wait their turn), bodies capped at 64 KiB, `Expect: 100-continue`, keep-alive
-with an idle timeout, back-pressure both ways, and a graceful close. It exists
+with an idle timeout, back-pressure both ways, and a graceful close.
+
+Everything a client controls is bounded per connection, so memory stays bounded
+whatever a client sends or refuses to read: at most MAX_PIPELINED parsed
+requests wait (the rest of the input stays unparsed, and reading stops), no
+request is answered while the client is not reading the previous answers, a
+client that reads nothing for SEND_STALL_S is cut off, and the listener holds at
+most `max_connections` connections (more are answered 503 and closed at once). It exists
 because the general ASGI path (uvicorn + Starlette) cost most of the server's
 CPU per request in the benchmark's profile (README "Benchmarks"); every route
 is served here, so there is one path to test, not a fast one and a slow one.
@@ -38,8 +45,25 @@ REQUEST_READ_S = 30.0
 MAX_DISCARD_BYTES = 4 * 1024 * 1024
 LINGER_S = 5.0
 # Parsed requests waiting behind the one being served; past this many the
-# connection stops reading until they are answered.
+# connection stops parsing (and reading) until they are answered.
 MAX_PIPELINED = 8
+# Input is parsed this much at a time, so that one read full of tiny pipelined
+# requests queues only a few dozen of them, not thousands (the parser cannot be
+# paused inside a feed).
+FEED_BYTES = 2048
+# So at most this many parsed requests wait at once (the shortest request,
+# `GET / HTTP/1.0` and a blank line, is 18 bytes).
+MAX_QUEUED = MAX_PIPELINED + FEED_BYTES // 18
+# A client whose unread answers fill the socket (writing paused) and that
+# reads nothing for this long is cut off: its buffered answer would otherwise
+# hold memory, and its connection, forever.
+SEND_STALL_S = 30.0
+# Headers that name one thing: a request that repeats one is ambiguous (which
+# line a proxy or the server reads decides who the caller is), so it is refused
+# and the connection closed (SPEC §2). Content-Length is refused by the parser.
+_SINGLE_HEADERS = frozenset({
+    "authorization", "x-api-key", "x-lock-token", "x-request-id", "content-length", "host",
+})
 
 _STATUS_LINES = {
     status.value: f"HTTP/1.1 {status.value} {status.phrase}\r\n".encode("latin-1")
@@ -75,11 +99,15 @@ class Connections:
     """What every connection of one listener shares, and the set of them, so a
     shutdown can close idle ones and wait for busy ones."""
 
-    def __init__(self, app: Any, handle: Handle, refuse: Refusal, proxies: TrustedProxies) -> None:
+    def __init__(
+        self, app: Any, handle: Handle, refuse: Refusal, proxies: TrustedProxies,
+        max_connections: int | None = None,
+    ) -> None:
         self.app = app
         self.handle = handle
         self.refuse = refuse
         self.proxies = proxies
+        self.max_connections = max_connections
         self.date = _DateHeader()
         self.open: set[HttpConnection] = set()
         self.closing = False
@@ -139,6 +167,9 @@ class HttpConnection(asyncio.Protocol):
         self._draining = False  # ...but read and drop its input (after a 413)
         self._discarded = 0
         self._continue_owed = False  # a 100 Continue to send once it is our turn
+        self._unparsed = b""  # input held back while MAX_PIPELINED requests wait
+        self._answer_owed = False  # the next queued request waits for writing to resume
+        self._stall_timer: asyncio.TimerHandle | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
         self._linger: asyncio.TimerHandle | None = None
         self._read_deadline: asyncio.TimerHandle | None = None
@@ -150,6 +181,7 @@ class HttpConnection(asyncio.Protocol):
         self._body: list[bytes] = []
         self._body_bytes = 0
         self._head_refusal: tuple[int, str] | None = None
+        self._repeated = False
 
     # --- asyncio.Protocol ---------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -157,30 +189,71 @@ class HttpConnection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and len(peer) >= 2:
             self._peer = Address(str(peer[0]), int(peer[1]))
-        self._shared.open.add(self)
-        if self._shared.closing:
+        shared = self._shared
+        if shared.max_connections is not None and len(shared.open) >= shared.max_connections:
+            self._refuse_connection()
+            return
+        shared.open.add(self)
+        if shared.closing:
             transport.close()
             return
         self._wait_idle()
+
+    def _refuse_connection(self) -> None:
+        """Over the connection cap: one fixed 503, then close, before reading a
+        byte (a connection costs nothing more than this)."""
+        self._broken = True
+        transport = self._transport
+        self._transport = None
+        if transport is None:
+            return
+        response, request_id = self._shared.refuse(
+            503, "The server has too many open connections; retry shortly.", {}
+        )
+        pending = _Pending("", b"", {}, b"", False)
+        transport.write(self._head(response, pending, request_id, False) + response.body)
+        transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._shared.open.discard(self)
         self._gone.set()  # parked waiters see that their caller left
         self._cancel_idle()
-        for timer in (self._linger, self._read_deadline):
+        for timer in (self._linger, self._read_deadline, self._stall_timer):
             if timer is not None:
                 timer.cancel()
         self._queue.clear()
+        self._unparsed = b""
         self._transport = None
 
     def data_received(self, data: bytes) -> None:
-        self._cancel_idle()
+        # Input alone does not reset the idle timer: only a whole request does
+        # (on_message_complete), so a client that sends nothing but line breaks,
+        # or half a request, is still closed at the idle timeout.
         if self._broken:
             if self._draining:
                 self._discarded += len(data)
                 if self._discarded > MAX_DISCARD_BYTES and self._transport is not None:
                     self._transport.abort()
             return
+        self._feed(self._unparsed + data if self._unparsed else data)
+
+    def _feed(self, data: bytes) -> None:
+        """Parse input a slice at a time while fewer than MAX_PIPELINED requests
+        wait; keep the rest unparsed (reading stays paused until it is used)."""
+        self._unparsed = b""
+        view = memoryview(data)
+        offset = 0
+        while offset < len(data) and not self._broken and len(self._queue) < MAX_PIPELINED:
+            self._parse(view[offset:offset + FEED_BYTES])
+            offset += FEED_BYTES
+        self._unparsed = data[offset:] if offset < len(data) and not self._broken else b""
+        self._update_reading()
+        if self._partial and self._read_deadline is None and not self._broken:
+            # Only a request that spans reads gets a deadline: most arrive
+            # whole, and a timer per request would cost every one of them.
+            self._read_deadline = self._loop.call_later(REQUEST_READ_S, self._read_too_slow)
+
+    def _parse(self, data: memoryview) -> None:
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -195,21 +268,29 @@ class HttpConnection(asyncio.Protocol):
                 self._refuse_and_stop(400, "The request is not valid HTTP/1.1.")
             elif self._draining:  # the parser stopped mid-body: what follows is dropped
                 self._discarded += len(data)
-        if self._partial and self._read_deadline is None and not self._broken:
-            # Only a request that spans reads gets a deadline: most arrive
-            # whole, and a timer per request would cost every one of them.
-            self._read_deadline = self._loop.call_later(REQUEST_READ_S, self._read_too_slow)
-        if not self.busy and not self._broken:
-            self._wait_idle()  # a request that stops half-way is dropped too
 
     def pause_writing(self) -> None:
-        # The client is not reading its responses: stop reading its requests.
+        # The client is not reading its responses: stop reading its requests,
+        # stop answering them, and cut it off if it stays that way.
         self._writing_paused = True
         self._update_reading()
+        if self._stall_timer is None:
+            self._stall_timer = self._loop.call_later(SEND_STALL_S, self._send_stalled)
 
     def resume_writing(self) -> None:
         self._writing_paused = False
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
+        if self._answer_owed:
+            self._answer_owed = False
+            self._serve_next()
         self._update_reading()
+
+    def _send_stalled(self) -> None:
+        self._stall_timer = None
+        if self._writing_paused and self._transport is not None:
+            self._transport.abort()  # close() would wait for the buffer to drain
 
     # --- httptools callbacks ------------------------------------------------
     def on_message_begin(self) -> None:
@@ -221,14 +302,29 @@ class HttpConnection(asyncio.Protocol):
         self._body = []
         self._body_bytes = 0
         self._head_refusal = None
+        self._repeated = False
 
     def on_url(self, url: bytes) -> None:
         if self._grow_head(len(url), "The request's URL is too long."):
             self._url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if self._grow_head(len(name) + len(value), "The request's headers are too large."):
-            self._headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
+        if not self._grow_head(len(name) + len(value), "The request's headers are too large."):
+            return
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1")
+        earlier = self._headers.get(key)
+        if earlier is None:
+            self._headers[key] = text
+        elif key in _SINGLE_HEADERS:
+            if self._head_refusal is None:
+                self._head_refusal = (400, f"The request repeats the {name.decode('latin-1')} "
+                                           "header; send it once.")
+            self._repeated = True
+        else:
+            # Lines of a list header are one value, in order (RFC 9110 §5.3):
+            # X-Forwarded-For from a proxy that appends its own line included.
+            self._headers[key] = f"{earlier}, {text}"
 
     def _grow_head(self, size: int, message: str) -> bool:
         """Count the request head; False once it is over the cap (the request
@@ -243,6 +339,18 @@ class HttpConnection(asyncio.Protocol):
         return False
 
     def on_headers_complete(self) -> None:
+        if self._repeated or (
+            "host" not in self._headers and self._parser.get_http_version() == "1.1"
+        ):
+            # Ambiguous or incomplete framing (SPEC §2, RFC 9112 §3.2): answer
+            # 400 and read nothing more from this connection.
+            refusal = self._head_refusal if self._repeated else None
+            self._refuse_and_stop(*(refusal or (400, "An HTTP/1.1 request needs a Host header.")))
+            return
+        if "transfer-encoding" in self._headers and "content-length" in self._headers:
+            self._refuse_and_stop(400, "A request may not have both Content-Length and "
+                                       "Transfer-Encoding.")
+            return
         declared = self._headers.get("content-length", "")
         if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
             # Answered at once, without reading a byte of the body.
@@ -264,6 +372,7 @@ class HttpConnection(asyncio.Protocol):
             self._body.append(chunk)
 
     def on_message_complete(self) -> None:
+        self._cancel_idle()  # only a whole request counts as activity
         self._partial = False
         if self._read_deadline is not None:
             self._read_deadline.cancel()
@@ -285,6 +394,8 @@ class HttpConnection(asyncio.Protocol):
     # --- serving ------------------------------------------------------------
     def _serve_next(self) -> None:
         if not self._queue or self._transport is None:
+            if self._unparsed and not self._broken and self._transport is not None:
+                self._feed(self._unparsed)  # input held back now has room
             return
         pending = self._queue.popleft()
         self.busy = True
@@ -333,6 +444,31 @@ class HttpConnection(asyncio.Protocol):
         if transport is None or transport.is_closing():
             return  # the client left; nobody to answer
         keep_alive = pending.keep_alive and not self._close_after and not self._shared.closing
+        out = self._head(response, pending, request_id, keep_alive)
+        transport.write(out if head else out + response.body)
+        self.busy = False
+        if not keep_alive:
+            self._close(transport)
+            return
+        if self._queue or self._unparsed:
+            if self._writing_paused:
+                # The client is not reading: the next answer waits until it
+                # does, so unread answers never pile up in memory.
+                self._answer_owed = True
+                return
+            self._serve_next()
+            if self.busy:
+                return
+        if self._continue_owed:
+            self._continue_owed = False
+            transport.write(_CONTINUE)
+        self._update_reading()
+        self._wait_idle()
+
+    def _head(
+        self, response: Response, pending: _Pending, request_id: str, keep_alive: bool,
+    ) -> bytes:
+        """The status line and headers of `response`."""
         body = response.body
         out = [
             _STATUS_LINES.get(response.status_code)
@@ -352,21 +488,7 @@ class HttpConnection(asyncio.Protocol):
         elif pending.http10:
             out.append(b"connection: keep-alive\r\n")
         out.append(b"\r\n")
-        if not head:
-            out.append(body)
-        transport.write(b"".join(out))
-        self.busy = False
-        if not keep_alive:
-            self._close(transport)
-            return
-        if self._queue:
-            self._serve_next()
-            return
-        if self._continue_owed:
-            self._continue_owed = False
-            transport.write(_CONTINUE)
-        self._update_reading()
-        self._wait_idle()
+        return b"".join(out)
 
     def _close(self, transport: asyncio.Transport) -> None:
         if not self._draining or not transport.can_write_eof():
@@ -401,6 +523,7 @@ class HttpConnection(asyncio.Protocol):
             (self._broken and not self._draining)
             or self._writing_paused
             or len(self._queue) >= MAX_PIPELINED
+            or bool(self._unparsed)
         )
         if pause and not self._reading_paused:
             self._reading_paused = True
