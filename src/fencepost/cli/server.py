@@ -51,20 +51,32 @@ def _save_secret(path: Path, secret: str) -> None:
               type=click.IntRange(1, 1_000_000),
               help="Open connections held at once; more are answered 503 and closed. "
                    "Default: 4096, or fewer when the open-file limit is lower.")
+@click.option("--tls-cert", envvar="FENCEPOST_TLS_CERT", default=None, metavar="PEM",
+              help="Serve HTTPS with this certificate (chain) file; needs --tls-key.")
+@click.option("--tls-key", envvar="FENCEPOST_TLS_KEY", default=None, metavar="PEM",
+              help="The private key of --tls-cert.")
 def serve(
     store: str, store_readers: int, host: str, port: int, access_log: str | None,
-    trusted_proxies: str, max_connections: int | None,
+    trusted_proxies: str, max_connections: int | None, tls_cert: str | None,
+    tls_key: str | None,
 ) -> None:
     """Run the lock service."""
     from fencepost.server.app import AppConfig, create_app
     from fencepost.server.proxies import TrustedProxies
     from fencepost.server.runner import serve as run_server
+    from fencepost.server.runner import tls_context
 
     bootstrap_key = os.environ.get("FENCEPOST_BOOTSTRAP_KEY") or None
     if bootstrap_key is not None and len(bootstrap_key) < MIN_BOOTSTRAP_SECRET_LENGTH:
         raise click.UsageError(
             f"FENCEPOST_BOOTSTRAP_KEY must be at least {MIN_BOOTSTRAP_SECRET_LENGTH} characters."
         )
+    if bool(tls_cert) != bool(tls_key):
+        raise click.UsageError("--tls-cert and --tls-key go together: give both or neither.")
+    try:
+        tls = tls_context(tls_cert, tls_key) if tls_cert and tls_key else None
+    except ValueError as exc:
+        raise click.UsageError(f"TLS: {exc}") from None
     proxies = [p.strip() for p in trusted_proxies.split(",") if p.strip()]
     try:
         TrustedProxies(proxies)
@@ -91,8 +103,9 @@ def serve(
         backend,
         AppConfig(access_log=access_log, bootstrap_key=bootstrap_key, on_bootstrap=announce),
     )
-    click.echo(f"fencepost: serving on http://{host}:{port} with {redacted(store)}", err=True)
-    run_server(app, host, port, proxies, max_connections)
+    scheme = "https" if tls is not None else "http"
+    click.echo(f"fencepost: serving on {scheme}://{host}:{port} with {redacted(store)}", err=True)
+    run_server(app, host, port, proxies, max_connections, tls)
 
 
 @click.group()

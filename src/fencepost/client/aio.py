@@ -59,8 +59,10 @@ class AsyncClient(Methods, AsyncRunner):
     URL to `http://127.0.0.1:7440`). `timeout` is the per-request read timeout in
     seconds (a waiting acquire adds its wait). `retries` sets how transport
     failures, 5xx and quota refusals are retried. `transport` is passed to httpx
-    (for proxies, custom TLS, or tests). Use it with `async with` or call
-    `aclose()`.
+    (for proxies, custom TLS, or tests). `ca_bundle` (or `FENCEPOST_CA_BUNDLE`)
+    is a PEM file of the authorities to trust for an https:// server whose
+    certificate the system does not trust (a private CA). Use it with
+    `async with` or call `aclose()`.
 
     Every API call is a coroutine method (`acquire_lock`, `get_lock`, `set_pool`,
     `create_key`, ...; see `fencepost.client.Methods`); `lock()` and `slot()` are
@@ -75,8 +77,9 @@ class AsyncClient(Methods, AsyncRunner):
         timeout: float | None = None,
         retries: Retries | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        ca_bundle: str | None = None,
     ) -> None:
-        self.settings = Settings.resolve(url, api_key, timeout, retries)
+        self.settings = Settings.resolve(url, api_key, timeout, retries, ca_bundle=ca_bundle)
         self._http = httpx.AsyncClient(transport=transport, **self.settings.client_options())
 
     @property

@@ -75,8 +75,9 @@ class Client(Methods, SyncRunner):
         timeout: float | None = None,
         retries: Retries | None = None,
         transport: httpx.BaseTransport | None = None,
+        ca_bundle: str | None = None,
     ) -> None:
-        self.settings = Settings.resolve(url, api_key, timeout, retries)
+        self.settings = Settings.resolve(url, api_key, timeout, retries, ca_bundle=ca_bundle)
         self._http = httpx.Client(transport=transport, **self.settings.client_options())
 
     @property

@@ -4,6 +4,7 @@ httpx's failures into the fencepost error tree."""
 from __future__ import annotations
 
 import os
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,13 +28,16 @@ _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.
 @dataclass(frozen=True, slots=True)
 class Settings:
     """Where the server is and how to talk to it. Arguments win over the
-    environment (`FENCEPOST_URL`, `FENCEPOST_API_KEY`); the URL defaults to
-    `http://127.0.0.1:7440`."""
+    environment (`FENCEPOST_URL`, `FENCEPOST_API_KEY`, `FENCEPOST_CA_BUNDLE`);
+    the URL defaults to `http://127.0.0.1:7440`. `ca_bundle`: a PEM file of the
+    certificate authorities to trust for an https:// server (default: the
+    system's)."""
 
     url: str = DEFAULT_URL
     api_key: str | None = None
     timeout: float = DEFAULT_TIMEOUT_S
     retries: Retries = field(default_factory=Retries)
+    ca_bundle: str | None = None
 
     @classmethod
     def resolve(
@@ -43,6 +47,7 @@ class Settings:
         timeout: float | None = None,
         retries: Retries | None = None,
         env: Mapping[str, str] | None = None,
+        ca_bundle: str | None = None,
     ) -> Settings:
         env = os.environ if env is None else env
         chosen_url = (url or env.get("FENCEPOST_URL") or DEFAULT_URL).strip().rstrip("/")
@@ -52,6 +57,7 @@ class Settings:
             api_key=api_key or env.get("FENCEPOST_API_KEY") or None,
             timeout=DEFAULT_TIMEOUT_S if timeout is None else float(timeout),
             retries=retries or Retries(),
+            ca_bundle=ca_bundle or env.get("FENCEPOST_CA_BUNDLE") or None,
         )
 
     def client_options(self) -> dict[str, Any]:
@@ -59,12 +65,23 @@ class Settings:
         headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        return {"base_url": self.url, "headers": headers, "timeout": self.timeout,
-                "follow_redirects": False}
+        options: dict[str, Any] = {"base_url": self.url, "headers": headers,
+                                   "timeout": self.timeout, "follow_redirects": False}
+        if self.ca_bundle:
+            options["verify"] = trust_context(self.ca_bundle)
+        return options
 
     def timeout_for(self, call: Call[Any], now: float) -> httpx.Timeout:
         read = call.read_timeout(self.timeout, now)
         return httpx.Timeout(read, connect=min(CONNECT_TIMEOUT_S, read))
+
+
+def trust_context(ca_bundle: str) -> ssl.SSLContext:
+    """A TLS context that trusts the certificate authorities in `ca_bundle`."""
+    try:
+        return ssl.create_default_context(cafile=ca_bundle)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"cannot read the CA bundle {ca_bundle!r}: {exc}") from None
 
 
 def check_url(url: str) -> None:

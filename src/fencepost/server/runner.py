@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import resource
 import signal
+import ssl
 import sys
 from typing import Any, Coroutine
 
 from fencepost.server.app import App
 from fencepost.server.proxies import TrustedProxies
-from fencepost.server.wire import Connections
+from fencepost.server.wire import REQUEST_READ_S, Connections
 
 # In-flight requests get this long to finish after SIGTERM.
 GRACEFUL_SHUTDOWN_S = 10.0
@@ -24,16 +26,17 @@ _POLL_S = 0.02
 
 def serve(
     app: App, host: str, port: int, trusted_proxies: list[str] | None = None,
-    max_connections: int | None = None,
+    max_connections: int | None = None, tls: ssl.SSLContext | None = None,
 ) -> None:
     """Run until SIGTERM/SIGINT (exit 0 after a graceful stop); exit 1 when the
     store cannot be opened or the address cannot be bound. X-Forwarded-For is
     believed only from `trusted_proxies`. More than `max_connections` open
-    connections are refused with a 503 (default: see `connection_cap`)."""
+    connections are refused with a 503 (default: see `connection_cap`). With
+    `tls` (see `tls_context`), HTTPS only."""
     proxies = TrustedProxies(list(trusted_proxies or []))
     cap = connection_cap(max_connections)
     try:
-        ok = _run(_serve(app, host, port, proxies, cap))
+        ok = _run(_serve(app, host, port, proxies, cap, tls))
     except KeyboardInterrupt:  # a second Ctrl-C while stopping
         ok = True
     if not ok:
@@ -63,8 +66,27 @@ def connection_cap(requested: int | None) -> int:
     return min(requested, room) if requested is not None else min(DEFAULT_MAX_CONNECTIONS, room)
 
 
+def tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
+    """A server TLS context from PEM files (the certificate file may hold the
+    chain). TLS 1.2 at least; the ciphers are Python's secure defaults.
+    Raises ValueError with a one-line reason when the files are unusable."""
+    for path in (cert_file, key_file):
+        if not os.path.isfile(path):
+            raise ValueError(f"no such file: {path}")
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(cert_file, key_file)
+    except (OSError, ssl.SSLError) as exc:
+        reason = getattr(exc, "reason", None) or exc.strerror or str(exc)
+        raise ValueError(f"cannot load the certificate {cert_file!r} and key {key_file!r}: "
+                         f"{reason}") from None
+    return context
+
+
 async def _serve(
     app: App, host: str, port: int, proxies: TrustedProxies, max_connections: int,
+    tls: ssl.SSLContext | None,
 ) -> bool:
     loop = asyncio.get_running_loop()
     try:
@@ -75,7 +97,10 @@ async def _serve(
     connections = Connections(app, app.handle, app.refuse, proxies, max_connections)
     try:
         server = await loop.create_server(
-            connections.protocol, host, port, reuse_address=True, backlog=2048
+            connections.protocol, host, port, reuse_address=True, backlog=2048, ssl=tls,
+            # A client that opens a connection and never finishes the handshake
+            # is dropped like one that never sends a request.
+            ssl_handshake_timeout=REQUEST_READ_S if tls is not None else None,
         )
     except OSError as exc:
         print(f"fencepost: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
