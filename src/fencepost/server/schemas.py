@@ -20,9 +20,19 @@ TtlSeconds = Annotated[
 WaitSeconds = Annotated[
     float, Meta(ge=0, le=300, description="How long to wait in line; 0 fails fast.")
 ]
-Operation = Annotated[str, Meta(min_length=1, max_length=64)]
+Operation = Annotated[
+    str, Meta(min_length=1, max_length=64, description="What the holder is doing (deploy, exec).")
+]
 At = Annotated[str, Meta(description="RFC 3339 UTC time with milliseconds and Z.")]
 MAX_METADATA_BYTES = 4096
+Metadata = Annotated[
+    dict[str, Any],
+    Meta(description=f"Free-form holder details (host, pid, job URL); at most "
+         f"{MAX_METADATA_BYTES} bytes as JSON, numbers within 64-bit range."),
+]
+# pools.py refuses any other slot ID as not found; tests/http/test_openapi_document.py
+# checks that the two agree.
+SLOT_ID_PATTERN = "^slot_[A-Za-z0-9_-]{16,64}$"
 
 
 class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -33,7 +43,7 @@ class AcquireLockBody(Request):
     ttl_seconds: TtlSeconds
     wait_seconds: WaitSeconds = 0.0
     operation: Operation | None = None
-    metadata: dict[str, Any] | None = None
+    metadata: Metadata | None = None
     on_expiry: Literal["release", "keep"] = "release"
 
 
@@ -159,10 +169,29 @@ class ErrorDetail(msgspec.Struct):
 
 
 class ErrorInfo(msgspec.Struct):
-    code: str
-    message: str
-    details: list[ErrorDetail] | None = None
-    retry_after_ms: int | None = None
+    """Every error's `code` and `message`; other fields come with the codes that name them."""
+
+    code: Annotated[str, Meta(pattern="^[a-z][a-z0-9]*(_[a-z0-9]+)*$")]
+    message: Annotated[str, Meta(min_length=1)]
+    details: Annotated[
+        list[ErrorDetail], Meta(description="validation_error: each offending field.")
+    ] | None = None
+    retry_after_ms: Annotated[
+        int, Meta(ge=0, description="When to retry; Retry-After carries it in whole seconds.")
+    ] | None = None
+    operation: Annotated[str, Meta(description="lock_held: the holder's operation.")] | None = None
+    expires_in_ms: Annotated[
+        int, Meta(description="lock_held, lease_expired: ms until the lease expires "
+                  "(negative when a keep lease is overdue).")
+    ] | None = None
+    waiters: Annotated[int, Meta(ge=0, description="lock_held: callers in line.")] | None = None
+    reason: Annotated[
+        str, Meta(description="lease_lost: expired, released, force_released or superseded.")
+    ] | None = None
+    in_use: Annotated[int, Meta(ge=0, description="too_many_requests: slots held.")] | None = None
+    effective_limit: Annotated[
+        int, Meta(ge=0, description="too_many_requests: slots the pool admits now.")
+    ] | None = None
 
 
 class ErrorBody(msgspec.Struct):
