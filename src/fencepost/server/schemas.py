@@ -113,9 +113,10 @@ class CreateKeyBody(Request):
     role: RoleName
     name: Annotated[str, Meta(min_length=1, max_length=128)] | None = None
     expires_in_seconds: Annotated[int, Meta(ge=1, le=315_360_000)] | None = None
-    allow_ips: Annotated[list[Annotated[str, Meta(max_length=64)]], Meta(max_length=64)] | None = (
-        None
-    )
+    allow_ips: Annotated[
+        list[Annotated[str, Meta(max_length=64)]],
+        Meta(max_length=64, description="IPv4 or IPv6 addresses or CIDR networks."),
+    ] | None = None
     rpm_quota: Annotated[int, Meta(ge=1, le=1_000_000)] | None = None
 
 
@@ -208,11 +209,16 @@ class PoolConfigBody(Request):
     queue_size: Annotated[int, Meta(ge=0, le=100_000)] = 100
     queue_timeout_ms: Annotated[int, Meta(ge=0, le=600_000)] = 30_000
     term_ms: Annotated[int, Meta(ge=1_000, le=600_000)] = 30_000
-    renew_interval_ms: Annotated[int, Meta(ge=1, le=599_999)] | None = None
+    renew_interval_ms: Annotated[
+        int, Meta(ge=1, le=599_999, description="Must be less than term_ms; term_ms / 3 when "
+                  "left out.")
+    ] | None = None
     request_timeout_ms: Annotated[int, Meta(ge=1_000, le=86_400_000)] = 60_000
     rpm: Annotated[int, Meta(ge=1, le=1_000_000)] | None = None
     adaptive: bool = False
-    min_limit: Annotated[int, Meta(ge=1, le=10_000)] = 1
+    min_limit: Annotated[
+        int, Meta(ge=1, le=10_000, description="Floor of the learned limit; at most limit.")
+    ] = 1
 
 
 class PoolStatsBody(msgspec.Struct):
