@@ -40,6 +40,7 @@ _MEANINGS = {
                     "is missing or malformed, a header that must not repeat is repeated, or "
                     "the request is not valid HTTP/1.1.",
 }
+_TAGS = {"locks": "locks", "pools": "pools", "keys": "keys", "whoami": "keys"}
 _RETRY_AFTER_CODES = {"lock_held", "quota_exceeded", "too_many_requests", "queue_timeout"}
 
 _HEADERS: dict[str, dict[str, Any]] = {
@@ -134,7 +135,8 @@ def _operation(route: RouteSpec) -> dict[str, Any]:
     op: dict[str, Any] = {
         "operationId": route.operation_id,
         "summary": route.summary,
-        "tags": [route.path.split("/")[2] if route.path.startswith("/v1/") else "system"],
+        "tags": [_TAGS.get(route.path.split("/")[2 if route.path.startswith("/v1/") else 1],
+                           "system")],
     }
     params = [*route.path_params, *route.params]
     if params:
