@@ -9,6 +9,7 @@ import json
 import re
 import socket
 import uuid
+from datetime import datetime
 from typing import Any, Iterator
 
 import httpx
@@ -921,3 +922,210 @@ def test_many_bad_requests_in_a_row_do_not_break_the_server(server: ServerProces
                            content=body)
             assert resp.status_code == 400, resp.text
     held.assert_unchanged()
+
+
+# --- integral numbers and repeated keys (SPEC §2 "Bad input") --------------------------------
+
+
+def pool_config(server: ServerProcess, name: str) -> dict[str, Any]:
+    with api(server) as c:
+        resp = c.get(f"/v1/pools/{name}")
+    assert resp.status_code == 200, resp.text
+    body = dict(resp.json())
+    return {k: body[k] for k in ("limit", "queue_size", "queue_timeout_ms", "term_ms",
+                                 "renew_interval_ms", "request_timeout_ms", "rpm", "adaptive",
+                                 "min_limit")}
+
+
+def pool_stats(server: ServerProcess, name: str) -> tuple[int, dict[str, Any]]:
+    with api(server) as c:
+        resp = c.get(f"/v1/pools/{name}")
+    assert resp.status_code == 200, resp.text
+    return int(resp.json()["in_use"]), dict(resp.json()["stats"])
+
+
+@pytest.fixture
+def pool(server: ServerProcess) -> str:
+    name = unique_name("pool")
+    with api(server) as c:
+        resp = c.put(f"/v1/pools/{name}", json={"limit": 2})
+    assert resp.status_code == 201, resp.text
+    return name
+
+
+def take_slot(server: ServerProcess, pool: str) -> str:
+    with api(server) as c:
+        resp = c.post(f"/v1/pools/{pool}/lock/acquire")
+    assert resp.status_code == 200, resp.text
+    return str(resp.json()["slot_id"])
+
+
+@pytest.mark.parametrize("number", ["60.0", "6e1", "6.0E+1", "600e-1"])
+def test_integral_number_is_an_integer_on_acquire_and_renew(server: ServerProcess,
+                                                            number: str) -> None:
+    name, token = unique_name("integral"), new_token()
+    with api(server) as c:
+        resp = c.put(f"/v1/locks/{name}/lease", headers=lock_headers(token),
+                     content=b'{"ttl_seconds": %s, "wait_seconds": 0}' % number.encode())
+        assert resp.status_code == 201, resp.text
+        granted = resp.json()
+        assert _seconds_between(granted["acquired_at"], granted["expires_at"]) == 60
+        resp = c.patch(f"/v1/locks/{name}/lease", headers=lock_headers(token),
+                       content=b'{"ttl_seconds": 1%s}' % number.encode().replace(b"6", b"2", 1))
+        assert resp.status_code == 200, resp.text  # 120 seconds from now
+        assert state(server, name)["expires_at"] == resp.json()["expires_at"]
+        c.delete(f"/v1/locks/{name}/lease", headers={"X-Lock-Token": token})
+
+
+def _seconds_between(start: str, end: str) -> float:
+    def parse(at: str) -> datetime:
+        return datetime.fromisoformat(at.replace("Z", "+00:00"))
+
+    return (parse(end) - parse(start)).total_seconds()
+
+
+@pytest.mark.parametrize("number", ["60.5", "6.01e1", "60.000001"])
+def test_non_integral_number_is_still_422(server: ServerProcess, held: Held, free: str,
+                                          number: str) -> None:
+    body = b'{"ttl_seconds": %s}' % number.encode()
+    with api(server) as c:
+        assert_validation(c.put(f"/v1/locks/{free}/lease", headers=lock_headers(), content=body),
+                          "ttl_seconds")
+        assert_validation(c.patch(f"/v1/locks/{held.name}/lease",
+                                  headers=lock_headers(held.token), content=body), "ttl_seconds")
+    held.assert_unchanged()
+
+
+def test_integral_numbers_on_pool_keys_and_slot_routes(server: ServerProcess) -> None:
+    name = unique_name("intpool")
+    with api(server) as c:
+        resp = c.put(f"/v1/pools/{name}", content=b'{"limit": 3.0, "term_ms": 4.5e4, '
+                                                  b'"queue_size": 1e1}')
+        assert resp.status_code == 201, resp.text
+        config = pool_config(server, name)
+        assert (config["limit"], config["term_ms"], config["queue_size"]) == (3, 45_000, 10)
+        resp = c.post(f"/v1/pools/{name}/lock/acquire", content=b'{"wait_ms": 1e2}')
+        assert resp.status_code == 200, resp.text
+        slot = resp.json()["slot_id"]
+        resp = c.post(f"/v1/pools/{name}/lock/{slot}/release",
+                      content=b'{"status": 429.0, "throttled": 1.0, '
+                              b'"rate": {"limit": 1e2, "remaining": 0.0}}')
+        assert resp.status_code == 200 and resp.json() == {"released": True}, resp.text
+        stats = pool_stats(server, name)[1]
+        assert stats["status_429"] == 1 and stats["throttled"] == 1, stats
+        resp = c.post("/v1/keys", content=b'{"role": "reader", "rpm_quota": 6e1, '
+                                          b'"expires_in_seconds": 3600.0}')
+        assert resp.status_code == 201, resp.text
+        assert resp.json()["rpm_quota"] == 60
+        assert c.delete(f"/v1/keys/{resp.json()['id']}").status_code == 200
+
+
+# Each body repeats one key, at the top or nested; the rest of it would be valid.
+REPEATED_ACQUIRE = {
+    "top": b'{"ttl_seconds": 5, "ttl_seconds": 3000}',
+    "top-same-value": b'{"ttl_seconds": 30, "ttl_seconds": 30}',
+    "top-apart": b'{"ttl_seconds": 30, "operation": "a", "on_expiry": "keep", "operation": "b"}',
+    "metadata": b'{"ttl_seconds": 30, "metadata": {"host": "a", "host": "b"}}',
+    "metadata-deep": b'{"ttl_seconds": 30, "metadata": {"a": [{"b": {"c": 1, "c": 1}}]}}',
+    "metadata-url": b'{"ttl_seconds": 30, "metadata": {"job": "https://ci/1", "job": "x"}}',
+    "whole-metadata": b'{"ttl_seconds": 30, "metadata": {"a": 1}, "metadata": {"a": 1}}',
+    "with-bad-field": b'{"ttl_seconds": 4, "ttl_seconds": 30}',
+    "with-unknown-field": b'{"ttl": 30, "ttl_seconds": 30, "ttl": 30}',
+    "escaped-spelling": b'{"ttl_seconds": 30, "ttl_second\\u0073": 3000}',
+    "integral": b'{"ttl_seconds": 30.0, "ttl_seconds": 6e1}',
+}
+
+
+def assert_repeated_key(resp: httpx.Response) -> None:
+    err = assert_error(resp, 400, "invalid_request")
+    assert "repeat" in err["message"], err
+
+
+@pytest.mark.parametrize("case", sorted(REPEATED_ACQUIRE))
+def test_repeated_key_on_acquire_is_400(server: ServerProcess, free: str, held: Held,
+                                        case: str) -> None:
+    with api(server) as c:
+        assert_repeated_key(c.put(f"/v1/locks/{free}/lease", headers=lock_headers(),
+                                  content=REPEATED_ACQUIRE[case]))
+        # the owner's retried acquire must not change its lease either
+        assert_repeated_key(c.put(f"/v1/locks/{held.name}/lease",
+                                  headers=lock_headers(held.token),
+                                  content=REPEATED_ACQUIRE[case]))
+    held.assert_unchanged()
+
+
+@pytest.mark.parametrize("body", [b'{"ttl_seconds": 5, "ttl_seconds": 3000}',
+                                  b'{"ttl_seconds": 3000, "ttl_seconds": 3000}',
+                                  b'{"ttl_seconds": 3000, "ttl_seconds": 30.5}'])
+def test_repeated_key_on_renew_is_400(server: ServerProcess, held: Held, body: bytes) -> None:
+    with api(server) as c:
+        assert_repeated_key(c.patch(f"/v1/locks/{held.name}/lease",
+                                    headers=lock_headers(held.token), content=body))
+    held.assert_unchanged()
+
+
+@pytest.mark.parametrize("body", [
+    b'{"limit": 5, "limit": 1}',
+    b'{"limit": 1, "queue_size": 0, "adaptive": true, "queue_size": 0}',
+    b'{"limit": 1, "rpm": 60, "rpm": null}',
+])
+def test_repeated_key_on_pool_put_is_400(server: ServerProcess, pool: str, body: bytes) -> None:
+    before = pool_config(server, pool)
+    with api(server) as c:
+        assert_repeated_key(c.put(f"/v1/pools/{pool}", content=body))
+        fresh = unique_name("pool")
+        assert_repeated_key(c.put(f"/v1/pools/{fresh}", content=body))
+        assert_error(c.get(f"/v1/pools/{fresh}"), 404, "not_found")
+    assert pool_config(server, pool) == before
+
+
+@pytest.mark.parametrize("body", [
+    b'{"status": 200, "status": 429}',
+    b'{"rate": {"remaining": 5, "remaining": 0}}',
+    b'{"headers": {"retry-after": "1", "retry-after": "600"}}',
+    b'{"status": 429, "rate": {"limit": 1}, "rate": {"limit": 1}}',
+])
+def test_repeated_key_on_slot_release_is_400(server: ServerProcess, pool: str,
+                                             body: bytes) -> None:
+    slot = take_slot(server, pool)
+    before = pool_stats(server, pool)
+    with api(server) as c:
+        assert_repeated_key(c.post(f"/v1/pools/{pool}/lock/{slot}/release", content=body))
+        assert pool_stats(server, pool) == before, "a refused release changed the pool"
+        resp = c.post(f"/v1/pools/{pool}/lock/{slot}/renew")
+        assert resp.status_code == 200, "the slot was released by a refused request"
+        assert c.post(f"/v1/pools/{pool}/lock/{slot}/release").json() == {"released": True}
+
+
+def test_repeated_key_on_slot_acquire_is_400(server: ServerProcess, pool: str) -> None:
+    with api(server) as c:
+        assert_repeated_key(c.post(f"/v1/pools/{pool}/lock/acquire",
+                                   content=b'{"wait_ms": 0, "wait_ms": 1000}'))
+    assert pool_stats(server, pool)[0] == 0, "a refused acquire took a slot"
+
+
+@pytest.mark.parametrize("body", [
+    b'{"role": "reader", "role": "admin"}',
+    b'{"role": "admin", "name": "a", "name": "b"}',
+    b'{"role": "reader", "allow_ips": ["10.0.0.0/8"], "allow_ips": []}',
+    b'{"role": "reader", "rpm_quota": 5.0, "rpm_quota": 5}',
+])
+def test_repeated_key_on_create_key_is_400(server: ServerProcess, body: bytes) -> None:
+    before = key_listing(server)
+    with api(server) as c:
+        assert_repeated_key(c.post("/v1/keys", content=body,
+                                   headers={"Content-Type": "application/json"}))
+    assert key_listing(server) == before
+
+
+def test_colons_inside_strings_are_not_repeats(server: ServerProcess) -> None:
+    """The cheap count that skips the exact parse must not refuse a body whose strings
+    hold colons."""
+    name, token = unique_name("colons"), new_token()
+    metadata = {"job": "https://ci/1", "at": "12:30:00", "k:e:y": ["a:b", {"c:": ":"}]}
+    with api(server) as c:
+        resp = c.put(f"/v1/locks/{name}/lease", headers=lock_headers(token),
+                     json={"ttl_seconds": 30, "operation": "a:b", "metadata": metadata})
+        assert resp.status_code == 201, resp.text
+        assert state(server, name)["metadata"] == metadata
+        c.delete(f"/v1/locks/{name}/lease", headers={"X-Lock-Token": token})

@@ -1,40 +1,105 @@
-"""The OpenAPI 3.1 document, generated from the route table and the msgspec schemas."""
+"""The OpenAPI 3.1 document, generated from the route table and the msgspec schemas.
+
+Everything the server enforces is stated: body schemas come from the very Structs
+the routes decode with (msgspec writes their bounds, enums and
+`additionalProperties: false`), parameters from the table's constraints, and
+every error a route can answer from the error classes it raises, each status
+with the error body and the codes it may carry.
+"""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import msgspec
 
 from fencepost import __version__
+from fencepost.errors import (
+    FencepostError,
+    Forbidden,
+    InvalidRequest,
+    PayloadTooLarge,
+    QuotaExceeded,
+    StoreUnavailable,
+    Unauthorized,
+    ValidationError,
+)
 from fencepost.server import schemas
-from fencepost.server.routes.table import ROUTES, RouteSpec
+from fencepost.server.routes.table import ROUTES, Param, RouteSpec
 
 _REF = "#/components/schemas/{name}"
-_UUID_HEADERS = {"X-Lock-Token", "X-Request-Id"}
-_ERROR_STATUSES = {
-    400: "invalid_request", 401: "unauthorized", 403: "forbidden", 413: "payload_too_large",
-    422: "validation_error", 429: "quota_exceeded",
+_JSON = "application/json"
+
+# Errors every route of a kind can answer, besides those the route raises itself.
+_ANY_ROUTE = (InvalidRequest,)  # a malformed request or a repeated header, before routing
+_AUTHENTICATED = (Unauthorized, Forbidden, QuotaExceeded, StoreUnavailable)
+_WITH_BODY = (InvalidRequest, PayloadTooLarge, ValidationError)
+# Where the error class's docstring says less than the document should.
+_MEANINGS = {
+    InvalidRequest: "the body is not JSON or repeats a key in one object, a required header "
+                    "is missing or malformed, a header that must not repeat is repeated, or "
+                    "the request is not valid HTTP/1.1.",
+}
+_TAGS = {"locks": "locks", "pools": "pools", "keys": "keys", "whoami": "keys"}
+_RETRY_AFTER_CODES = {"lock_held", "quota_exceeded", "too_many_requests", "queue_timeout"}
+
+_HEADERS: dict[str, dict[str, Any]] = {
+    "X-Request-Id": {
+        "description": "The caller's X-Request-Id when it is up to 128 printable ASCII "
+                       "characters, else one the server made.",
+        "required": True,
+        "schema": {"type": "string", "minLength": 1, "maxLength": 128},
+    },
+    "Retry-After": {
+        "description": "Whole seconds, rounded up, when the server knows when to retry.",
+        "schema": {"type": "integer", "minimum": 1},
+    },
+    "X-Remaining-Slots": {
+        "description": "Slots still free after this admission.",
+        "required": True, "schema": {"type": "integer", "minimum": 0},
+    },
+    "X-Effective-Limit": {
+        "description": "Slots the pool admits now (the learned limit when adaptive).",
+        "required": True, "schema": {"type": "integer", "minimum": 0},
+    },
+    "X-Queued-Ms": {
+        "description": "How long this acquire waited in line.",
+        "required": True, "schema": {"type": "integer", "minimum": 0},
+    },
 }
 
 
 def build_openapi() -> bytes:
-    types: list[Any] = [schemas.ErrorBody, schemas.NothingToRelease]
+    return msgspec.json.encode(openapi_document())
+
+
+def openapi_document() -> dict[str, Any]:
+    types: list[Any] = [schemas.ErrorBody]
     for route in ROUTES:
         if route.body is not None:
             types.append(route.body)
-        types.extend(t for _, t, _ in route.responses if t is not None)
-    _, components = msgspec.json.schema_components(types, ref_template=_REF)
+        for _, body, _ in route.responses:
+            types.extend(body if isinstance(body, tuple) else [body])
+    _, components = msgspec.json.schema_components(
+        [t for t in types if t is not dict], ref_template=_REF
+    )
     paths: dict[str, dict[str, Any]] = {}
     for route in ROUTES:
         paths.setdefault(route.path, {})[route.method.lower()] = _operation(route)
-    document = {
+    return {
         "openapi": "3.1.0",
-        "info": {"title": "fencepost", "version": __version__,
-                 "description": "Locks with fencing tokens, TTL leases and pools."},
+        "info": {
+            "title": "fencepost",
+            "version": __version__,
+            "description": "Locks with fencing tokens, TTL leases and pools. Bodies are JSON "
+                           "objects; a repeated key is 400 invalid_request, an unknown field "
+                           "422 validation_error; a number with an integral value (60.0) is "
+                           "an integer. Bodies over 64 KiB are 413.",
+            "license": {"name": "Apache-2.0", "identifier": "Apache-2.0"},
+        },
         "components": {
             "schemas": components,
+            "headers": _HEADERS,
             "securitySchemes": {
                 "bearer": {"type": "http", "scheme": "bearer"},
                 "apiKey": {"type": "apiKey", "in": "header", "name": "X-Api-Key"},
@@ -42,55 +107,102 @@ def build_openapi() -> bytes:
         },
         "paths": paths,
     }
-    return msgspec.json.encode(document)
 
 
 def _ref(t: type) -> dict[str, str]:
     return {"$ref": _REF.format(name=t.__name__)}
 
 
+def _schema(body: type | tuple[type, ...] | None) -> dict[str, Any]:
+    if isinstance(body, tuple):
+        return {"oneOf": [_ref(t) for t in body]}
+    if body is dict:
+        return {"type": "object"}
+    assert body is not None
+    return _ref(body)
+
+
+def _parameter(param: Param) -> dict[str, Any]:
+    return {"name": param.name, "in": param.where, "required": param.required,
+            "description": param.description, "schema": param.schema}
+
+
+def _header_refs(names: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    return {name: {"$ref": f"#/components/headers/{name}"} for name in names}
+
+
 def _operation(route: RouteSpec) -> dict[str, Any]:
     op: dict[str, Any] = {
+        "operationId": route.operation_id,
         "summary": route.summary,
-        "operationId": route.handler.__name__,
-        "responses": {},
+        "tags": [_TAGS.get(route.path.split("/")[2 if route.path.startswith("/v1/") else 1],
+                           "system")],
     }
-    params: list[dict[str, Any]] = [
-        {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
-        for name in re.findall(r"{(\w+)}", route.path)
-    ]
-    params += [
-        {"name": name, "in": "header", "required": required, "description": text,
-         "schema": {"type": "string", "format": "uuid"} if name in _UUID_HEADERS
-         else {"type": "string"}}
-        for name, required, text in route.headers
-    ]
-    params += [
-        {"name": name, "in": "query", "required": False, "description": text,
-         "schema": {"type": "string"}}
-        for name, text in route.query
-    ]
+    params = [*route.path_params, *route.params]
     if params:
-        op["parameters"] = params
-    if route.role is not None:
+        op["parameters"] = [_parameter(p) for p in params]
+    if route.role is None:
+        op["security"] = []
+    else:
         op["security"] = [{"bearer": []}, {"apiKey": []}]
-        op["description"] = f"Needs the {route.role.label} role."
+        op["description"] = f"Needs the {route.role.label} role (or a higher one)."
+    if any(p.where == "query" for p in params):
+        op["description"] = op.get("description", "") + " Unknown query parameters are 422."
     if route.body is not None:
         op["requestBody"] = {
-            "required": True,
-            "content": {"application/json": {"schema": _ref(route.body)}},
+            "required": not route.body_optional,
+            "description": "May be empty." if route.body_optional else "A JSON object.",
+            "content": {_JSON: {"schema": _ref(route.body)}},
         }
-    for status, body_type, text in route.responses:
-        response: dict[str, Any] = {"description": text}
-        schema = _ref(body_type) if body_type is not None else _ref(schemas.ErrorBody)
-        if route.path != "/openapi.json":
-            response["content"] = {"application/json": {"schema": schema}}
-        op["responses"][str(status)] = response
-    if route.role is not None:
-        for status, code in _ERROR_STATUSES.items():
-            op["responses"].setdefault(
-                str(status),
-                {"description": code,
-                 "content": {"application/json": {"schema": _ref(schemas.ErrorBody)}}},
-            )
+    responses: dict[str, Any] = {}
+    for status, body, text in route.responses:
+        responses[str(status)] = {
+            "description": text,
+            "headers": _header_refs(["X-Request-Id", *route.response_headers]),
+            "content": {_JSON: {"schema": _schema(body)}},
+        }
+    for status, errors in sorted(_errors(route).items()):
+        responses[str(status)] = _error_response(errors)
+    op["responses"] = responses
     return op
+
+
+def _errors(route: RouteSpec) -> dict[int, list[type[FencepostError]]]:
+    """Every error the route can answer, by status, in a stable order."""
+    kinds: list[type[FencepostError]] = [*_ANY_ROUTE, *route.errors]
+    if route.role is not None:
+        kinds += _AUTHENTICATED
+    if route.body is not None:
+        kinds += _WITH_BODY
+    kinds += [p.refused_with for p in (*route.path_params, *route.params) if p.refused_with]
+    by_status: dict[int, list[type[FencepostError]]] = {}
+    for kind in kinds:
+        same = by_status.setdefault(kind.http_status, [])
+        if kind not in same:
+            same.append(kind)
+    return by_status
+
+
+def _error_response(errors: list[type[FencepostError]]) -> dict[str, Any]:
+    codes = [kind.code for kind in errors]
+    headers = ["X-Request-Id"]
+    if _RETRY_AFTER_CODES & set(codes):
+        headers.append("Retry-After")
+    return {
+        "description": " ".join(f"`{kind.code}`: {_meaning(kind)}" for kind in errors),
+        "headers": _header_refs(headers),
+        "content": {_JSON: {"schema": {
+            "allOf": [
+                _ref(schemas.ErrorBody),
+                {"properties": {"error": {"properties": {"code": {"enum": codes}}}}},
+            ],
+        }}},
+    }
+
+
+def _meaning(kind: type[FencepostError]) -> str:
+    """The error class's docstring without its leading "NNN: "."""
+    if kind in _MEANINGS:
+        return _MEANINGS[kind]
+    text = " ".join((kind.__doc__ or kind.default_message).split())
+    return text.split(": ", 1)[1] if text[:3].isdigit() else text

@@ -20,9 +20,19 @@ TtlSeconds = Annotated[
 WaitSeconds = Annotated[
     float, Meta(ge=0, le=300, description="How long to wait in line; 0 fails fast.")
 ]
-Operation = Annotated[str, Meta(min_length=1, max_length=64)]
+Operation = Annotated[
+    str, Meta(min_length=1, max_length=64, description="What the holder is doing (deploy, exec).")
+]
 At = Annotated[str, Meta(description="RFC 3339 UTC time with milliseconds and Z.")]
 MAX_METADATA_BYTES = 4096
+Metadata = Annotated[
+    dict[str, Any],
+    Meta(description=f"Free-form holder details (host, pid, job URL); at most "
+         f"{MAX_METADATA_BYTES} bytes as JSON, numbers within 64-bit range."),
+]
+# pools.py refuses any other slot ID as not found; tests/http/test_openapi_document.py
+# checks that the two agree.
+SLOT_ID_PATTERN = "^slot_[A-Za-z0-9_-]{16,64}$"
 
 
 class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -33,7 +43,7 @@ class AcquireLockBody(Request):
     ttl_seconds: TtlSeconds
     wait_seconds: WaitSeconds = 0.0
     operation: Operation | None = None
-    metadata: dict[str, Any] | None = None
+    metadata: Metadata | None = None
     on_expiry: Literal["release", "keep"] = "release"
 
 
@@ -103,9 +113,10 @@ class CreateKeyBody(Request):
     role: RoleName
     name: Annotated[str, Meta(min_length=1, max_length=128)] | None = None
     expires_in_seconds: Annotated[int, Meta(ge=1, le=315_360_000)] | None = None
-    allow_ips: Annotated[list[Annotated[str, Meta(max_length=64)]], Meta(max_length=64)] | None = (
-        None
-    )
+    allow_ips: Annotated[
+        list[Annotated[str, Meta(max_length=64)]],
+        Meta(max_length=64, description="IPv4 or IPv6 addresses or CIDR networks."),
+    ] | None = None
     rpm_quota: Annotated[int, Meta(ge=1, le=1_000_000)] | None = None
 
 
@@ -159,10 +170,29 @@ class ErrorDetail(msgspec.Struct):
 
 
 class ErrorInfo(msgspec.Struct):
-    code: str
-    message: str
-    details: list[ErrorDetail] | None = None
-    retry_after_ms: int | None = None
+    """Every error's `code` and `message`; other fields come with the codes that name them."""
+
+    code: Annotated[str, Meta(pattern="^[a-z][a-z0-9]*(_[a-z0-9]+)*$")]
+    message: Annotated[str, Meta(min_length=1)]
+    details: Annotated[
+        list[ErrorDetail], Meta(description="validation_error: each offending field.")
+    ] | None = None
+    retry_after_ms: Annotated[
+        int, Meta(ge=0, description="When to retry; Retry-After carries it in whole seconds.")
+    ] | None = None
+    operation: Annotated[str, Meta(description="lock_held: the holder's operation.")] | None = None
+    expires_in_ms: Annotated[
+        int, Meta(description="lock_held, lease_expired: ms until the lease expires "
+                  "(negative when a keep lease is overdue).")
+    ] | None = None
+    waiters: Annotated[int, Meta(ge=0, description="lock_held: callers in line.")] | None = None
+    reason: Annotated[
+        str, Meta(description="lease_lost: expired, released, force_released or superseded.")
+    ] | None = None
+    in_use: Annotated[int, Meta(ge=0, description="too_many_requests: slots held.")] | None = None
+    effective_limit: Annotated[
+        int, Meta(ge=0, description="too_many_requests: slots the pool admits now.")
+    ] | None = None
 
 
 class ErrorBody(msgspec.Struct):
@@ -179,11 +209,16 @@ class PoolConfigBody(Request):
     queue_size: Annotated[int, Meta(ge=0, le=100_000)] = 100
     queue_timeout_ms: Annotated[int, Meta(ge=0, le=600_000)] = 30_000
     term_ms: Annotated[int, Meta(ge=1_000, le=600_000)] = 30_000
-    renew_interval_ms: Annotated[int, Meta(ge=1, le=599_999)] | None = None
+    renew_interval_ms: Annotated[
+        int, Meta(ge=1, le=599_999, description="Must be less than term_ms; term_ms / 3 when "
+                  "left out.")
+    ] | None = None
     request_timeout_ms: Annotated[int, Meta(ge=1_000, le=86_400_000)] = 60_000
     rpm: Annotated[int, Meta(ge=1, le=1_000_000)] | None = None
     adaptive: bool = False
-    min_limit: Annotated[int, Meta(ge=1, le=10_000)] = 1
+    min_limit: Annotated[
+        int, Meta(ge=1, le=10_000, description="Floor of the learned limit; at most limit.")
+    ] = 1
 
 
 class PoolStatsBody(msgspec.Struct):

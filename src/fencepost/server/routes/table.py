@@ -1,14 +1,46 @@
 """Every route in one table: the app is built from it and so is the OpenAPI document,
-so the two cannot drift apart."""
+so the two cannot drift apart. Each entry says what the route takes (path, header
+and query parameters with the constraints the server enforces, the body Struct)
+and what it answers (its successes and the errors it raises itself; the errors
+every route of its kind can give are added by server/openapi.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 from fencepost.core.keys import Role
+from fencepost.core.names import NAME_PATTERN
+from fencepost.errors import (
+    Capped,
+    FencepostError,
+    InvalidRequest,
+    LeaseExpired,
+    LeaseLost,
+    LockHeld,
+    NotFound,
+    QueueTimeout,
+    ShuttingDown,
+    StoreUnavailable,
+    TooManyRequests,
+    ValidationError,
+)
 from fencepost.server import schemas
+from fencepost.server.listing import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT
 from fencepost.server.routes import keys, locks, pools, system
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    """A path, header or query parameter, the JSON Schema of its value, and the
+    error the server answers when a value breaks it."""
+
+    name: str
+    where: Literal["path", "header", "query"]
+    schema: dict[str, Any]
+    description: str
+    required: bool = False
+    refused_with: type[FencepostError] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,117 +48,175 @@ class RouteSpec:
     method: str
     path: str
     handler: Callable[..., Any]
+    operation_id: str
     summary: str
     role: Role | None
     body: type | None = None
-    responses: tuple[tuple[int, type | None, str], ...] = ()
-    headers: tuple[tuple[str, bool, str], ...] = ()  # (name, required, description)
-    query: tuple[tuple[str, str], ...] = ()  # (name, description)
+    body_optional: bool = False  # an empty body is accepted too
+    # (status, body Struct or a tuple of them when either may come, description)
+    responses: tuple[tuple[int, type | tuple[type, ...] | None, str], ...] = ()
+    errors: tuple[type[FencepostError], ...] = ()  # raised by this route itself
+    params: tuple[Param, ...] = ()  # header and query parameters
+    response_headers: tuple[str, ...] = ()  # sent with the 2xx answer
+
+    @property
+    def path_params(self) -> tuple[Param, ...]:
+        names = [part[1:-1] for part in self.path.split("/") if part.startswith("{")]
+        return tuple(PATH_PARAMS[name] for name in names)
 
 
-LOCK_TOKEN = ("X-Lock-Token", True, "UUID chosen by the caller, kept for the lease's life.")
-REQUEST_ID = ("X-Request-Id", True, "UUID correlating this request in logs.")
+_NAME = {"type": "string", "pattern": NAME_PATTERN, "minLength": 1, "maxLength": 128}
+# Lock keys and pool names break the rule with a 422; a slot or key ID that cannot
+# be one is simply not found (404), so the server never says which IDs exist.
+PATH_PARAMS = {
+    "key": Param("key", "path", _NAME, "The lock's name.", True, ValidationError),
+    "pool": Param("pool", "path", _NAME, "The pool's name.", True, ValidationError),
+    "slot_id": Param(
+        "slot_id", "path", {"type": "string", "pattern": schemas.SLOT_ID_PATTERN},
+        "The slot_id from the acquire answer.", True, NotFound,
+    ),
+    "id": Param(
+        "id", "path", {"type": "string", "minLength": 1, "maxLength": 64},
+        "The key's id (as in GET /v1/keys).", True, NotFound,
+    ),
+}
+_UUID = {"type": "string", "format": "uuid"}
+LOCK_TOKEN = Param(
+    "X-Lock-Token", "header", _UUID,
+    "A UUID the caller chose for this lease and keeps for its life.", True, InvalidRequest,
+)
+REQUEST_ID = Param(
+    "X-Request-Id", "header", _UUID,
+    "A UUID for this request; a retry reuses it. Echoed in the response and the access log.",
+    True, InvalidRequest,
+)
+LIST_QUERY = (
+    Param("prefix", "query",
+          {"type": "string", "maxLength": 128, "pattern": "^[A-Za-z0-9._:-]*$"},
+          "Only names starting with this.", refused_with=ValidationError),
+    Param("limit", "query",
+          {"type": "integer", "minimum": 1, "maximum": MAX_LIST_LIMIT,
+           "default": DEFAULT_LIST_LIMIT},
+          "Page size.", refused_with=ValidationError),
+    Param("after", "query", {"type": "string", "pattern": f"^({NAME_PATTERN[1:-1]})?$"},
+          "Cursor: the `next` of the previous page.", refused_with=ValidationError),
+)
 
 ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec(
-        "PUT", "/v1/locks/{key}/lease", locks.acquire_route, "Acquire a lock",
+        "PUT", "/v1/locks/{key}/lease", locks.acquire_route, "acquireLock", "Acquire a lock",
         Role.MEMBER, schemas.AcquireLockBody,
-        ((201, schemas.LeaseGrant, "New lease granted"),
-         (200, schemas.LeaseGrant, "This token already holds the lock (retried acquire)"),
-         (409, None, "lock_held")),
-        (LOCK_TOKEN, REQUEST_ID),
+        responses=((201, schemas.LeaseGrant, "New lease granted."),
+                   (200, schemas.LeaseGrant,
+                    "This lock token already holds the lock (a retried acquire): "
+                    "the lease is unchanged.")),
+        errors=(LockHeld, ShuttingDown),
+        params=(LOCK_TOKEN, REQUEST_ID),
     ),
     RouteSpec(
-        "PATCH", "/v1/locks/{key}/lease", locks.renew, "Renew a lease", Role.MEMBER,
-        schemas.RenewLockBody,
-        ((200, schemas.LeaseRenewal, "Lease renewed"),
-         (409, None, "lease_expired or lease_lost")),
-        (LOCK_TOKEN, REQUEST_ID),
+        "PATCH", "/v1/locks/{key}/lease", locks.renew, "renewLease", "Renew a lease",
+        Role.MEMBER, schemas.RenewLockBody,
+        responses=((200, schemas.LeaseRenewal, "Lease renewed."),),
+        errors=(LeaseExpired, LeaseLost),
+        params=(LOCK_TOKEN, REQUEST_ID),
     ),
     RouteSpec(
-        "DELETE", "/v1/locks/{key}/lease", locks.release, "Release a lease (idempotent)",
-        Role.MEMBER, None, ((200, schemas.Released, "released tells whether this token held it"),),
-        (LOCK_TOKEN,),
+        "DELETE", "/v1/locks/{key}/lease", locks.release, "releaseLease",
+        "Release a lease (idempotent)", Role.MEMBER,
+        responses=((200, schemas.Released, "`released` tells whether this token held it."),),
+        params=(LOCK_TOKEN,),
     ),
     RouteSpec(
-        "GET", "/v1/locks/{key}", locks.inspect, "Inspect a lock", Role.READER, None,
-        ((200, schemas.LockState, "The lock's state; the lock token is never shown"),),
+        "GET", "/v1/locks/{key}", locks.inspect, "getLock", "Inspect a lock", Role.READER,
+        responses=((200, schemas.LockState, "The lock's state; the lock token is never shown."),),
     ),
     RouteSpec(
-        "DELETE", "/v1/locks/{key}", locks.force_release, "Force-release a stuck lock",
-        Role.ADMIN, None,
-        ((200, schemas.ForceReleasedLease, "Released (or NothingToRelease when not held)"),),
+        "DELETE", "/v1/locks/{key}", locks.force_release, "forceReleaseLock",
+        "Force-release a stuck lock", Role.ADMIN,
+        responses=((200, (schemas.ForceReleasedLease, schemas.NothingToRelease),
+                    "Released, or not held (also a success: afterwards no lease is live)."),),
     ),
     RouteSpec(
-        "GET", "/v1/locks", locks.list_locks, "List held locks", Role.READER, None,
-        ((200, schemas.LockList, "Held locks sorted by key"),),
-        query=(("prefix", "Only keys starting with this"),
-               ("limit", "Page size 1..1000 (default 100)"),
-               ("after", "Cursor: the `next` of the previous page")),
+        "GET", "/v1/locks", locks.list_locks, "listLocks", "List held locks", Role.READER,
+        responses=((200, schemas.LockList, "Held locks sorted by key."),),
+        params=LIST_QUERY,
     ),
     RouteSpec(
-        "PUT", "/v1/pools/{pool}", pools.put_pool, "Create or replace a pool", Role.ADMIN,
-        schemas.PoolConfigBody,
-        ((201, schemas.PoolState, "Created"), (200, schemas.PoolState, "Updated")),
+        "PUT", "/v1/pools/{pool}", pools.put_pool, "putPool", "Create or replace a pool",
+        Role.ADMIN, schemas.PoolConfigBody,
+        responses=((201, schemas.PoolState, "Created."), (200, schemas.PoolState, "Replaced.")),
     ),
     RouteSpec(
-        "GET", "/v1/pools/{pool}", pools.get_pool, "Inspect a pool", Role.READER, None,
-        ((200, schemas.PoolState, "Configuration, live state and outcome statistics"),
-         (404, None, "not_found")),
+        "GET", "/v1/pools/{pool}", pools.get_pool, "getPool", "Inspect a pool", Role.READER,
+        responses=((200, schemas.PoolState,
+                    "Configuration, live state and outcome statistics."),),
+        errors=(NotFound,),
     ),
     RouteSpec(
-        "DELETE", "/v1/pools/{pool}", pools.delete_pool, "Delete a pool", Role.ADMIN, None,
-        ((200, schemas.Deleted, "Deleted; its slots end, its waiters get 404"),
-         (404, None, "not_found")),
+        "DELETE", "/v1/pools/{pool}", pools.delete_pool, "deletePool", "Delete a pool",
+        Role.ADMIN,
+        responses=((200, schemas.Deleted, "Deleted; its slots end, its waiters get 404."),),
+        errors=(NotFound,),
     ),
     RouteSpec(
-        "GET", "/v1/pools", pools.list_pools, "List pools", Role.READER, None,
-        ((200, schemas.PoolList, "Pools sorted by name"),),
-        query=(("prefix", "Only names starting with this"),
-               ("limit", "Page size 1..1000 (default 100)"),
-               ("after", "Cursor: the `next` of the previous page")),
+        "GET", "/v1/pools", pools.list_pools, "listPools", "List pools", Role.READER,
+        responses=((200, schemas.PoolList, "Pools sorted by name."),),
+        params=LIST_QUERY,
     ),
     RouteSpec(
-        "POST", "/v1/pools/{pool}/lock/acquire", pools.acquire, "Acquire a slot", Role.MEMBER,
-        schemas.AcquireSlotBody,
-        ((200, schemas.SlotGrant, "Admitted (X-Remaining-Slots, X-Effective-Limit, X-Queued-Ms)"),
-         (404, None, "not_found"), (429, None, "too_many_requests"), (504, None, "queue_timeout")),
-        (("X-Queue-Timeout-Ms", False, "How long to wait in line (the body's wait_ms wins)"),
-         ("X-No-Queue", False, "Fail fast even when a wait was asked for")),
+        "POST", "/v1/pools/{pool}/lock/acquire", pools.acquire, "acquireSlot",
+        "Acquire a slot", Role.MEMBER, schemas.AcquireSlotBody, body_optional=True,
+        responses=((200, schemas.SlotGrant, "Admitted."),),
+        errors=(NotFound, TooManyRequests, QueueTimeout, ShuttingDown),
+        params=(
+            Param("X-Queue-Timeout-Ms", "header",
+                  {"type": "integer", "minimum": 0, "maximum": 999_999_999_999},
+                  "How long to wait in line, in ms (the body's wait_ms wins); clamped to "
+                  "the pool's queue_timeout_ms.", refused_with=InvalidRequest),
+            Param("X-No-Queue", "header", {"type": "string"},
+                  "Fail fast even when a wait was asked for (unless 0, false, no or off)."),
+        ),
+        response_headers=("X-Remaining-Slots", "X-Effective-Limit", "X-Queued-Ms"),
     ),
     RouteSpec(
-        "POST", "/v1/pools/{pool}/lock/{slot_id}/renew", pools.renew, "Renew a slot",
-        Role.MEMBER, None,
-        ((200, schemas.SlotRenewal, "Renewed"), (404, None, "not_found"), (409, None, "capped")),
+        "POST", "/v1/pools/{pool}/lock/{slot_id}/renew", pools.renew, "renewSlot",
+        "Renew a slot", Role.MEMBER, schemas.EmptyBody, body_optional=True,
+        responses=((200, schemas.SlotRenewal, "Renewed."),),
+        errors=(NotFound, Capped),
     ),
     RouteSpec(
-        "POST", "/v1/pools/{pool}/lock/{slot_id}/release", pools.release,
-        "Release a slot, reporting the upstream outcome", Role.MEMBER, schemas.ReleaseSlotBody,
-        ((200, schemas.Released, "released tells whether the slot was held"),
-         (404, None, "not_found")),
+        "POST", "/v1/pools/{pool}/lock/{slot_id}/release", pools.release, "releaseSlot",
+        "Release a slot, reporting the upstream outcome", Role.MEMBER,
+        schemas.ReleaseSlotBody, body_optional=True,
+        responses=((200, schemas.Released,
+                    "`released` tells whether the slot was held (idempotent)."),),
+        errors=(NotFound,),
     ),
     RouteSpec(
-        "POST", "/v1/keys", keys.create_key, "Create an API key", Role.ADMIN,
-        schemas.CreateKeyBody, ((201, schemas.CreatedKey, "The secret is shown only here"),),
+        "POST", "/v1/keys", keys.create_key, "createKey", "Create an API key", Role.ADMIN,
+        schemas.CreateKeyBody,
+        responses=((201, schemas.CreatedKey, "Created; the secret is shown only here."),),
     ),
     RouteSpec(
-        "GET", "/v1/keys", keys.list_keys, "List the project's keys", Role.ADMIN, None,
-        ((200, schemas.KeyList, "Keys without secrets"),),
+        "GET", "/v1/keys", keys.list_keys, "listKeys", "List the project's keys", Role.ADMIN,
+        responses=((200, schemas.KeyList, "Keys without secrets."),),
     ),
     RouteSpec(
-        "DELETE", "/v1/keys/{id}", keys.revoke_key, "Revoke a key", Role.ADMIN, None,
-        ((200, schemas.Revoked, "Revoked"), (404, None, "not_found")),
+        "DELETE", "/v1/keys/{id}", keys.revoke_key, "revokeKey", "Revoke a key", Role.ADMIN,
+        responses=((200, schemas.Revoked, "Revoked."),),
+        errors=(NotFound,),
     ),
     RouteSpec(
-        "GET", "/v1/whoami", keys.whoami, "Who this key is", Role.READER, None,
-        ((200, schemas.WhoAmI, "The key's project, ID and role"),),
+        "GET", "/v1/whoami", keys.whoami, "whoAmI", "Who this key is", Role.READER,
+        responses=((200, schemas.WhoAmI, "The key's project, ID and role."),),
     ),
     RouteSpec(
-        "GET", "/healthz", system.healthz, "Health", None, None,
-        ((200, schemas.Health, "The store answers"), (503, None, "The store does not answer")),
+        "GET", "/healthz", system.healthz, "getHealth", "Health", None,
+        responses=((200, schemas.Health, "The store answers."),),
+        errors=(StoreUnavailable,),
     ),
     RouteSpec(
-        "GET", "/openapi.json", system.openapi, "This document", None, None,
-        ((200, None, "OpenAPI 3.1 document"),),
+        "GET", "/openapi.json", system.openapi, "getOpenApiDocument", "This document", None,
+        responses=((200, dict, "The OpenAPI 3.1 document."),),
     ),
 )
