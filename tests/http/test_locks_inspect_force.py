@@ -236,6 +236,8 @@ def test_list_without_prefix_includes_this_tests_locks(
         ({"limit": 1001}, "limit"),
         ({"limit": -1}, "limit"),
         ({"limit": "ten"}, "limit"),
+        ({"limit": "\u00b2"}, "limit"),  # a digit to str.isdigit, not to int()
+        ({"limit": "\u0663"}, "limit"),  # ARABIC-INDIC DIGIT THREE: not an ASCII number
         ({"lmit": 5}, "lmit"),
     ],
 )

@@ -595,9 +595,10 @@ def test_bad_acquire_body_is_422(admin: httpx.Client, member: httpx.Client, case
     assert pool_state(admin, pool)["in_use"] == 0
 
 
-@pytest.mark.parametrize("value", ["abc", "-5", "1.5", "10ms", "1e3", "", "0x10", "+5"])
+@pytest.mark.parametrize("value", ["abc", "-5", "1.5", "10ms", "1e3", "", "0x10", "+5",
+                                   b"\xb2"])  # '²' in latin-1: a digit to str.isdigit
 def test_malformed_queue_timeout_header_is_400(admin: httpx.Client, member: httpx.Client,
-                                               value: str) -> None:
+                                               value: str | bytes) -> None:
     pool = make_pool(admin, limit=1)
     resp = acquire(member, pool, headers={"X-Queue-Timeout-Ms": value})
     assert_error(resp, 400, "invalid_request")

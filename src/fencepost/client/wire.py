@@ -184,7 +184,7 @@ def parse_json(reply: Reply) -> Any:
 def header_int(headers: Mapping[str, str], name: str) -> int | None:
     """A response header holding a whole number, or None."""
     value = headers.get(name)
-    if value is None or not value.strip().isdigit():
+    if value is None or not (value.strip().isascii() and value.strip().isdigit()):
         return None
     return int(value.strip())
 

@@ -30,7 +30,9 @@ def list_query(request: Request) -> tuple[str, str | None, int]:
     if after is not None and not is_valid_name(after):
         details.append({"field": "after", "message": "must be a cursor from `next`"})
     raw_limit = query.get("limit", str(DEFAULT_LIST_LIMIT))
-    limit = int(raw_limit) if raw_limit.isdigit() and len(raw_limit) <= 6 else 0
+    # isascii: str.isdigit also accepts '²' and other digits that int() refuses.
+    numeric = raw_limit.isascii() and raw_limit.isdigit() and len(raw_limit) <= 6
+    limit = int(raw_limit) if numeric else 0
     if not 1 <= limit <= MAX_LIST_LIMIT:
         details.append({"field": "limit", "message": f"must be an integer 1..{MAX_LIST_LIMIT}"})
     if details:

@@ -352,7 +352,7 @@ class HttpConnection(asyncio.Protocol):
                                        "Transfer-Encoding.")
             return
         declared = self._headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        if declared.isascii() and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
             # Answered at once, without reading a byte of the body.
             self._refuse_and_stop(413, "The request body is over 64 KiB.", drain=True)
         elif self._headers.get("expect", "").lower() == "100-continue":

@@ -126,7 +126,7 @@ def _wanted_wait_ms(request: Request, body: bytes) -> tuple[int, bool]:
     wait_ms = 0
     if header is not None:
         header = header.strip()
-        if not header.isdigit() or len(header) > 12:
+        if not (header.isascii() and header.isdigit()) or len(header) > 12:
             raise InvalidRequest(
                 "X-Queue-Timeout-Ms must be a whole number of milliseconds.",
                 details=[{"field": "X-Queue-Timeout-Ms", "message": "not a number"}],
