@@ -89,12 +89,16 @@ class OneProcess:
 # The statement registers this replica, then deletes every other replica
 # without a session, provided this very session shows up with its own name
 # (behind a pooler that rewrites or shares sessions nothing would, and
-# nothing is judged dead). pg_stat_activity lists every session's
-# application_name to every role.
+# nothing is judged dead), and provided the database did not just restart:
+# a restart ends every session, and live replicas need a moment to connect
+# again (a failed connect is retried after half a second), so for the first
+# seconds nobody is judged by missing sessions. pg_stat_activity lists every
+# session's application_name to every role.
 _DEAD_SESSIONS = (
     "WITH registered AS ("
     "INSERT INTO replicas (id, started_ms) VALUES (?, ?) ON CONFLICT (id) DO NOTHING) "
     "DELETE FROM replicas r WHERE r.id <> ? "
+    "AND pg_postmaster_start_time() < clock_timestamp() - interval '3 seconds' "
     "AND EXISTS (SELECT 1 FROM pg_stat_activity "
     "WHERE pid = pg_backend_pid() AND application_name = ?) "
     "AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.application_name = ? || r.id) "
