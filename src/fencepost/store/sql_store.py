@@ -26,7 +26,7 @@ from fencepost.store.base import (
     SlotReport,
 )
 from fencepost.store.batch import BatchWriter, Engine, Tx
-from fencepost.store.sql import keys, locks, pools, replicas
+from fencepost.store.sql import keys, locks, pools
 from fencepost.store.sql.known_leases import KnownLeases
 from fencepost.store.sql.replicas import Liveness, Place
 
@@ -71,9 +71,7 @@ class SqlStore:
         for reader in self._readers:
             reader.start()
         self._pepper = (await self._writer.run(keys.load_pepper)).encode()
-        # Known before this process parks anyone, so that its waiters can be
-        # removed if it dies before its first reap.
-        await self._writer.run(lambda tx: replicas.register(tx, self.replica))
+        await self._writer.run(self._liveness.register)
 
     @property
     def replica(self) -> str:

@@ -49,16 +49,13 @@ class Liveness(Protocol):
 
     replica: str  # this process's id, stamped on its waiter rows
 
+    def register(self, tx: Tx) -> None:
+        """Record this replica, before it parks anyone, so that its waiters can
+        be removed even if it dies before its first reap."""
+
     def dead_replicas(self, tx: Tx) -> list[str]:
         """Register this replica (again, if a peer judged it gone) and delete
         and return the rows of the replicas that are dead."""
-
-
-def register(tx: Tx, replica: str) -> None:
-    tx.execute(
-        "INSERT INTO replicas (id, started_ms) VALUES (?, ?) ON CONFLICT (id) DO NOTHING",
-        (replica, tx.now_ms),
-    )
 
 
 class OneProcess:
@@ -70,8 +67,14 @@ class OneProcess:
     def __init__(self) -> None:
         self.replica = new_replica_id()
 
+    def register(self, tx: Tx) -> None:
+        tx.execute(
+            "INSERT INTO replicas (id, started_ms) VALUES (?, ?) ON CONFLICT (id) DO NOTHING",
+            (self.replica, tx.now_ms),
+        )
+
     def dead_replicas(self, tx: Tx) -> list[str]:
-        register(tx, self.replica)
+        self.register(tx)
         rows = tx.execute("DELETE FROM replicas WHERE id <> ? RETURNING id", (self.replica,))
         return [replica for (replica,) in rows.fetchall()]
 
@@ -86,19 +89,26 @@ class OneProcess:
 # callers jump a live waiter. A process that hangs keeps its sessions: its
 # waiters stay until their alive_until_ms runs out, as before.
 #
-# The statement registers this replica, then deletes every other replica
+# A restart of PostgreSQL ends every session, and live replicas connect again
+# one by one. So a replica is judged by its sessions only once it registered
+# in the database's current run (db_started_us: when the server started, the
+# same for every session of one run); each replica's reap registers it again
+# after a restart (one write per restart, none otherwise).
+_DB_STARTED_US = "(extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint"
+_REGISTER = (
+    f"INSERT INTO replicas (id, started_ms, db_started_us) VALUES (?, ?, {_DB_STARTED_US}) "
+    "ON CONFLICT (id) DO UPDATE SET db_started_us = excluded.db_started_us "
+    "WHERE replicas.db_started_us IS DISTINCT FROM excluded.db_started_us"
+)
+# Registers this replica, then deletes every other replica of this run
 # without a session, provided this very session shows up with its own name
 # (behind a pooler that rewrites or shares sessions nothing would, and
-# nothing is judged dead), and provided the database did not just restart:
-# a restart ends every session, and live replicas need a moment to connect
-# again (a failed connect is retried after half a second), so for the first
-# seconds nobody is judged by missing sessions. pg_stat_activity lists every
-# session's application_name to every role.
+# nothing is judged dead). pg_stat_activity lists every session's
+# application_name to every role.
 _DEAD_SESSIONS = (
-    "WITH registered AS ("
-    "INSERT INTO replicas (id, started_ms) VALUES (?, ?) ON CONFLICT (id) DO NOTHING) "
+    f"WITH registered AS ({_REGISTER}) "
     "DELETE FROM replicas r WHERE r.id <> ? "
-    "AND pg_postmaster_start_time() < clock_timestamp() - interval '3 seconds' "
+    f"AND r.db_started_us = {_DB_STARTED_US} "
     "AND EXISTS (SELECT 1 FROM pg_stat_activity "
     "WHERE pid = pg_backend_pid() AND application_name = ?) "
     "AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.application_name = ? || r.id) "
@@ -113,6 +123,9 @@ class DatabaseSessions:
         self.replica = new_replica_id()
         # Set on every connection of this process (libpq's application_name).
         self.application_name = APPLICATION_NAME_PREFIX + self.replica
+
+    def register(self, tx: Tx) -> None:
+        tx.execute(_REGISTER, (self.replica, tx.now_ms))
 
     def dead_replicas(self, tx: Tx) -> list[str]:
         rows = tx.execute(

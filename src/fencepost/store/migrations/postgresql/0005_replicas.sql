@@ -5,8 +5,11 @@
 -- depends: 0004_governor
 
 CREATE TABLE replicas (
-    id         TEXT COLLATE "C" PRIMARY KEY,
-    started_ms BIGINT NOT NULL
+    id            TEXT COLLATE "C" PRIMARY KEY,
+    started_ms    BIGINT NOT NULL,
+    -- pg_postmaster_start_time() when the replica last registered: it is
+    -- judged by its sessions only within that run of the database server.
+    db_started_us BIGINT
 );
 
 -- NULL for rows written before this migration: they age out by alive_until_ms.
