@@ -73,11 +73,6 @@ class SqlStore:
         self._pepper = (await self._writer.run(keys.load_pepper)).encode()
         await self._writer.run(self._liveness.register)
 
-    @property
-    def replica(self) -> str:
-        """This process's replica id, for the life of the store object."""
-        return self._liveness.replica
-
     def _place(self, alive_ms: int) -> Place:
         return Place(self._liveness.replica, alive_ms)
 

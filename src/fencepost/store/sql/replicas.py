@@ -95,10 +95,13 @@ class OneProcess:
 # same for every session of one run); each replica's reap registers it again
 # after a restart (one write per restart, none otherwise).
 _DB_STARTED_US = "(extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint"
+# Guarded by NOT EXISTS rather than by ON CONFLICT's WHERE, which would lock
+# (write) the row at every reap.
 _REGISTER = (
-    f"INSERT INTO replicas (id, started_ms, db_started_us) VALUES (?, ?, {_DB_STARTED_US}) "
-    "ON CONFLICT (id) DO UPDATE SET db_started_us = excluded.db_started_us "
-    "WHERE replicas.db_started_us IS DISTINCT FROM excluded.db_started_us"
+    f"INSERT INTO replicas (id, started_ms, db_started_us) SELECT ?, ?, {_DB_STARTED_US} "
+    "WHERE NOT EXISTS (SELECT 1 FROM replicas "
+    f"WHERE id = ? AND db_started_us = {_DB_STARTED_US}) "
+    "ON CONFLICT (id) DO UPDATE SET db_started_us = excluded.db_started_us"
 )
 # Registers this replica, then deletes every other replica of this run
 # without a session, provided this very session shows up with its own name
@@ -125,12 +128,12 @@ class DatabaseSessions:
         self.application_name = APPLICATION_NAME_PREFIX + self.replica
 
     def register(self, tx: Tx) -> None:
-        tx.execute(_REGISTER, (self.replica, tx.now_ms))
+        tx.execute(_REGISTER, (self.replica, tx.now_ms, self.replica))
 
     def dead_replicas(self, tx: Tx) -> list[str]:
         rows = tx.execute(
             _DEAD_SESSIONS,
-            (self.replica, tx.now_ms, self.replica, self.application_name,
+            (self.replica, tx.now_ms, self.replica, self.replica, self.application_name,
              APPLICATION_NAME_PREFIX),
         )
         return [replica for (replica,) in rows.fetchall()]
