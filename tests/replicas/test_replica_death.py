@@ -8,6 +8,7 @@ ghosts took is also measured on the database's clock (the times in grants)."""
 
 from __future__ import annotations
 
+import signal
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
@@ -202,3 +203,26 @@ def test_a_live_replicas_pool_waiters_keep_their_place(start_replica, parked):
     assert jumper.status_code == 429, jumper.text
     granted = waiting.result(timeout=30)
     assert isinstance(granted, httpx.Response) and granted.status_code == 200, granted
+
+
+def test_a_hung_replica_keeps_its_waiters_places_until_they_stop_being_refreshed(
+    start_replica, parked
+):
+    """A stopped process still has its database sessions: it is not taken for
+    dead (it may resume), and its waiters leave only when their places stop
+    being refreshed (WAITER_ALIVE_MS, 5 s): the safety net."""
+    a, b = start_replica("a"), start_replica("b")
+    key, holder = unique_name(), new_token()
+    assert acquire(a, key, holder).status_code == 201
+    park_lock_waiters(parked, b, a, key, 1)
+    assert b.proc is not None
+    b.proc.send_signal(signal.SIGSTOP)
+    try:
+        release(a, key, holder)
+        time.sleep(1.0)  # reaper rounds pass; the place was refreshed < 1 s before the stop
+        jumper = acquire(a, key, new_token())
+        assert jumper.status_code == 409, jumper.text
+        poll("the lock, once the hung waiter's place lapsed", lock_taken_on(a, key, new_token()),
+             8.0)
+    finally:
+        b.kill9()
