@@ -2,7 +2,8 @@
 1 s, so a free lock or slot is never blocked by ghosts; and a live replica's
 waiters keep their place (§3.1, §4.2: a fail-fast acquire never jumps the line).
 
-Real `fencepost serve` processes on one PostgreSQL database; a replica dies by
+Real `fencepost serve` processes on one PostgreSQL database (and one on SQLite,
+restarted); a replica dies by
 `kill -9`. Each bound is a poll deadline that fails on timeout; how long the
 ghosts took is also measured on the database's clock (the times in grants)."""
 
@@ -226,3 +227,23 @@ def test_a_hung_replica_keeps_its_waiters_places_until_they_stop_being_refreshed
              8.0)
     finally:
         b.kill9()
+
+
+def test_a_restarted_sqlite_server_is_not_blocked_by_its_previous_lifes_waiters(
+    tmp_path, parked
+):
+    """SQLite is served by one process: the waiters of the process that was
+    killed leave the line as its next life starts."""
+    server = ServerProcess(tmp_path / "sqlite").start()
+    try:
+        key, holder = unique_name(), new_token()
+        assert acquire(server, key, holder).status_code == 201
+        park_lock_waiters(parked, server, server, key, 2)
+        server.kill9()
+        server.start()
+        release(server, key, holder)
+        poll("the free lock after the restart", lock_taken_on(server, key, new_token()),
+             GHOSTS_GONE_WITHIN_S)
+        assert lock_waiters(server, key) == 0
+    finally:
+        server.stop()

@@ -82,9 +82,7 @@ def _lease_values(project: str, lease: Lease) -> tuple[Any, ...]:
     )
 
 
-def join_line(
-    tx: Tx, project: str, key: str, request: AcquireRequest, place: Place
-) -> int:
+def join_line(tx: Tx, project: str, key: str, request: AcquireRequest, place: Place) -> int:
     row = tx.execute(
         "INSERT INTO lock_waiters (project, key, lock_token, alive_until_ms, replica) "
         "VALUES (?, ?, ?, ?, ?) RETURNING ticket",
