@@ -3,9 +3,9 @@
 waiters keep their place (§3.1, §4.2: a fail-fast acquire never jumps the line).
 
 Real `fencepost serve` processes on one PostgreSQL database (and one on SQLite,
-restarted); a replica dies by
-`kill -9`. Each bound is a poll deadline that fails on timeout; how long the
-ghosts took is also measured on the database's clock (the times in grants)."""
+restarted); a replica dies by `kill -9`. Each bound is a poll deadline that
+fails on timeout; how long the ghosts took is also measured on the database's
+clock (the times in grants)."""
 
 from __future__ import annotations
 
