@@ -18,8 +18,10 @@ from fencepost.errors import FencepostError, ShuttingDown
 from fencepost.store.base import Freed
 
 RECHECK_S = 1.0
-# A waiter's place in line lasts this long unless refreshed; each retry refreshes it,
-# so the place of a waiter whose server died is given up within this time.
+# A waiter's place in line lasts this long unless refreshed; each retry refreshes it.
+# The waiters of a server process that died leave sooner, at the next reap of any
+# live replica (store/sql/replicas.py); this is the safety net for a process that
+# hangs without dying, or whose host vanished without closing its connections.
 WAITER_ALIVE_MS = 5000
 
 T = TypeVar("T")

@@ -178,7 +178,8 @@ class Store(Protocol):
         self, project: str, key: str, request: AcquireRequest, *, wait_alive_ms: int | None
     ) -> AcquireResult:
         """Grant, repeat, or refuse. When refused and `wait_alive_ms` is given, also
-        put the caller at the back of the line (the ticket is in the result)."""
+        put the caller at the back of the line (the ticket is in the result): its
+        place lasts `wait_alive_ms` unless refreshed, and ends with this process."""
 
     async def retry_waiter(
         self, project: str, key: str, request: AcquireRequest, ticket: int, alive_ms: int
@@ -240,4 +241,6 @@ class Store(Protocol):
         of another project or pool."""
 
     async def reap(self) -> int:
-        """Free every dead lease and slot and drop dead waiters; return how many."""
+        """Free every dead lease and slot and drop dead waiters: those whose place
+        was not refreshed in time, and every waiter of a replica (server process)
+        that died. Return how many leases and slots were freed."""

@@ -32,6 +32,7 @@ from fencepost.errors import StoreUnavailable
 from fencepost.store.base import Freed
 from fencepost.store.batch import Cursor
 from fencepost.store.migrate import apply_migrations
+from fencepost.store.sql.replicas import DatabaseSessions
 from fencepost.store.sql_store import DEFAULT_READERS, SqlStore
 
 CHANNEL = "fencepost_freed"
@@ -111,14 +112,18 @@ class PostgresEngine:
     errors: tuple[type[BaseException], ...] = (psycopg.Error,)
     pipelines = True
 
-    def __init__(self, url: str, clock_ms: Callable[[], int] | None) -> None:
+    def __init__(
+        self, url: str, clock_ms: Callable[[], int] | None, application_name: str
+    ) -> None:
         self.url = libpq_url(url)
         self.clock_ms = clock_ms
+        self.application_name = application_name  # names the replica (sql/replicas.py)
         self.offset_ms = 0  # database clock minus local wall clock, as last seen
 
     def connect(self) -> _Connection:
         conn = _Connection.connect(
-            self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S, options=SESSION_OPTIONS
+            self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S, options=SESSION_OPTIONS,
+            application_name=self.application_name,
         )
         conn.statements = conn.cursor()
         conn.pipe = None
@@ -183,8 +188,9 @@ def _decode(payload: str) -> Freed | None:
 class _Listener:
     """A thread with its own connection, LISTENing for other replicas' events."""
 
-    def __init__(self, url: str, deliver: Callable[[Freed], None]) -> None:
+    def __init__(self, url: str, application_name: str, deliver: Callable[[Freed], None]) -> None:
         self._url = url
+        self._application_name = application_name
         self._deliver = deliver
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fencepost-listen", daemon=True)
@@ -200,7 +206,8 @@ class _Listener:
         while not self._stop.is_set():
             try:
                 with psycopg.connect(
-                    self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
+                    self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
+                    application_name=self._application_name,
                 ) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
                     while not self._stop.is_set():
@@ -222,9 +229,10 @@ class PostgresStore(SqlStore):
         self, url: str, clock_ms: Callable[[], int] | None = None, readers: int = DEFAULT_READERS
     ) -> None:
         self.url = url
-        self._engine = PostgresEngine(url, clock_ms)
+        sessions = DatabaseSessions()
+        self._engine = PostgresEngine(url, clock_ms, sessions.application_name)
         self._listener: _Listener | None = None
-        super().__init__(self._engine, readers)
+        super().__init__(self._engine, sessions, readers)
 
     async def open(self) -> None:
         loop = asyncio.get_running_loop()
@@ -241,7 +249,7 @@ class PostgresStore(SqlStore):
             except RuntimeError:
                 pass  # the loop is closed: shutting down
 
-        self._listener = _Listener(self._engine.url, deliver)
+        self._listener = _Listener(self._engine.url, self._engine.application_name, deliver)
         self._listener.start()
 
     async def close(self) -> None:

@@ -28,6 +28,7 @@ from fencepost.store.base import (
 from fencepost.store.batch import BatchWriter, Engine, Tx
 from fencepost.store.sql import keys, locks, pools
 from fencepost.store.sql.known_leases import KnownLeases
+from fencepost.store.sql.replicas import Liveness, Place
 
 T = TypeVar("T")
 
@@ -42,7 +43,12 @@ DEFAULT_READERS = 2
 class SqlStore:
     url_scheme = "sql"
 
-    def __init__(self, engine: Engine, readers: int = DEFAULT_READERS) -> None:
+    def __init__(
+        self, engine: Engine, liveness: Liveness, readers: int = DEFAULT_READERS
+    ) -> None:
+        # Which replica this process is, stamped on its waiter rows, and how
+        # the backend tells which replicas died (see sql/replicas.py).
+        self._liveness = liveness
         self._listeners: list[FreedListener] = []
         self._writer = BatchWriter(engine, self._publish)
         # Reads run on their own connections, so a GET never queues behind a
@@ -65,6 +71,10 @@ class SqlStore:
         for reader in self._readers:
             reader.start()
         self._pepper = (await self._writer.run(keys.load_pepper)).encode()
+        await self._writer.run(self._liveness.register)
+
+    def _place(self, alive_ms: int) -> Place:
+        return Place(self._liveness.replica, alive_ms)
 
     async def close(self) -> None:
         for batcher in [self._writer, *self._readers]:
@@ -112,15 +122,17 @@ class SqlStore:
     async def acquire_lock(
         self, project: str, key: str, request: AcquireRequest, *, wait_alive_ms: int | None
     ) -> AcquireResult:
+        place = None if wait_alive_ms is None else self._place(wait_alive_ms)
         return await self._writer.run_steps(
-            lambda tx: locks.acquire(tx, self._known, project, key, request, wait_alive_ms)
+            lambda tx: locks.acquire(tx, self._known, project, key, request, place)
         )
 
     async def retry_waiter(
         self, project: str, key: str, request: AcquireRequest, ticket: int, alive_ms: int
     ) -> AcquireResult:
+        place = self._place(alive_ms)
         return await self._writer.run(
-            lambda tx: locks.retry_waiter(tx, self._known, project, key, request, ticket, alive_ms)
+            lambda tx: locks.retry_waiter(tx, self._known, project, key, request, ticket, place)
         )
 
     async def leave_line(self, project: str, key: str, ticket: int) -> None:
@@ -165,13 +177,15 @@ class SqlStore:
     async def acquire_slot(
         self, project: str, pool: str, *, wait_alive_ms: int | None
     ) -> SlotAttempt:
-        return await self._writer.run(lambda tx: pools.acquire(tx, project, pool, wait_alive_ms))
+        place = None if wait_alive_ms is None else self._place(wait_alive_ms)
+        return await self._writer.run(lambda tx: pools.acquire(tx, project, pool, place))
 
     async def retry_slot_waiter(
         self, project: str, pool: str, ticket: int, alive_ms: int
     ) -> SlotAttempt:
+        place = self._place(alive_ms)
         return await self._writer.run(
-            lambda tx: pools.retry_waiter(tx, project, pool, ticket, alive_ms)
+            lambda tx: pools.retry_waiter(tx, project, pool, ticket, place)
         )
 
     async def leave_slot_line(self, project: str, pool: str, ticket: int) -> None:
@@ -194,6 +208,10 @@ class SqlStore:
             if tx.now_ms - self._last_prune_ms >= _PRUNE_EVERY_MS:
                 self._last_prune_ms = tx.now_ms
                 forget_before = tx.now_ms - ENDED_LEASE_MEMORY_MS
+            for dead in self._liveness.dead_replicas(tx):
+                # A dead replica's waiters leave every line at once (SPEC §7.4).
+                locks.drop_waiters_of(tx, dead)
+                pools.drop_waiters_of(tx, dead)
             return locks.reap(tx, self._known, forget_before) + pools.reap(tx)
 
         return await self._writer.run(op)

@@ -11,6 +11,7 @@ from fencepost.clock import wall_clock_ms
 from fencepost.errors import StoreUnavailable
 from fencepost.store.batch import Cursor
 from fencepost.store.migrate import apply_migrations
+from fencepost.store.sql.replicas import OneProcess
 from fencepost.store.sql_store import DEFAULT_READERS, SqlStore
 
 
@@ -67,7 +68,7 @@ class SqliteStore(SqlStore):
     ) -> None:
         self.path = path
         self._clock_ms = clock_ms
-        super().__init__(SqliteEngine(path, clock_ms), readers)
+        super().__init__(SqliteEngine(path, clock_ms), OneProcess(), readers)
 
     async def open(self) -> None:
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
@@ -76,14 +77,6 @@ class SqliteStore(SqlStore):
             await self._start()
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"Cannot open the SQLite store at {self.path}: {exc}.") from exc
-        # Embedded means one server process: waiters left by a crashed process
-        # can never be answered, so they leave the line now.
-        await self._writer.run(_clear_waiters)
 
     async def now_ms(self) -> int:
         return self._clock_ms()
-
-
-def _clear_waiters(tx: Any) -> None:
-    tx.execute("DELETE FROM lock_waiters")
-    tx.execute("DELETE FROM slot_waiters")

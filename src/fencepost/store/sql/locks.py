@@ -13,6 +13,7 @@ from fencepost.store.base import AcquireResult, ForceReleased, LockView, lock_fr
 from fencepost.store.batch import Cursor, Tx
 from fencepost.store.sql import ended, fencing
 from fencepost.store.sql.known_leases import KnownLeases
+from fencepost.store.sql.replicas import Place
 
 _LEASE_COLUMNS = (
     "key, lock_token, fencing_token, acquired_ms, expires_ms, deadline_ms, "
@@ -81,11 +82,11 @@ def _lease_values(project: str, lease: Lease) -> tuple[Any, ...]:
     )
 
 
-def join_line(tx: Tx, project: str, key: str, request: AcquireRequest, alive_ms: int) -> int:
+def join_line(tx: Tx, project: str, key: str, request: AcquireRequest, place: Place) -> int:
     row = tx.execute(
-        "INSERT INTO lock_waiters (project, key, lock_token, alive_until_ms) "
-        "VALUES (?, ?, ?, ?) RETURNING ticket",
-        (project, key, request.lock_token, tx.now_ms + alive_ms),
+        "INSERT INTO lock_waiters (project, key, lock_token, alive_until_ms, replica) "
+        "VALUES (?, ?, ?, ?, ?) RETURNING ticket",
+        (project, key, request.lock_token, tx.now_ms + place.alive_ms, place.replica),
     ).fetchone()
     return int(row[0])
 
@@ -121,7 +122,7 @@ def acquire(
     project: str,
     key: str,
     request: AcquireRequest,
-    wait_alive_ms: int | None,
+    place: Place | None,
 ) -> Generator[None, None, AcquireResult]:
     """A batch step operation (see BatchWriter): first the common case in one
     statement (the rules decide for a free lock with an empty line, and the
@@ -143,9 +144,9 @@ def acquire(
     yield
     current, waiting = load_line(tx, project, key)
     outcome = _decide_and_write(tx, known, project, key, request, current, waiting)
-    if isinstance(outcome, Granted) or wait_alive_ms is None:
+    if isinstance(outcome, Granted) or place is None:
         return AcquireResult(outcome)
-    return AcquireResult(outcome, join_line(tx, project, key, request, wait_alive_ms))
+    return AcquireResult(outcome, join_line(tx, project, key, request, place))
 
 
 def retry_waiter(
@@ -155,16 +156,16 @@ def retry_waiter(
     key: str,
     request: AcquireRequest,
     ticket: int,
-    alive_ms: int,
+    place: Place,
 ) -> AcquireResult:
     # Contract: only the live waiter with the smallest ticket may take a free
     # lock, so waiters are granted in arrival order.
     refreshed = tx.execute(
         "UPDATE lock_waiters SET alive_until_ms = ? WHERE ticket = ?",
-        (tx.now_ms + alive_ms, ticket),
+        (tx.now_ms + place.alive_ms, ticket),
     ).rowcount
     if not refreshed:  # dropped as dead (e.g. a stalled loop): rejoin at the back
-        ticket = join_line(tx, project, key, request, alive_ms)
+        ticket = join_line(tx, project, key, request, place)
     current, ahead = load_line(tx, project, key, before_ticket=ticket)
     outcome = _decide_and_write(tx, known, project, key, request, current, ahead)
     if isinstance(outcome, Granted):
@@ -176,6 +177,16 @@ def retry_waiter(
 def leave_line(tx: Tx, project: str, key: str, ticket: int) -> None:
     if tx.execute("DELETE FROM lock_waiters WHERE ticket = ?", (ticket,)).rowcount:
         tx.events.append(lock_freed(project, key))  # the next in line may go now
+
+
+def drop_waiters_of(tx: Tx, replica: str) -> None:
+    """Remove a dead replica's waiters from every lock's line; the next in
+    each line may go now."""
+    gone = tx.execute(
+        "DELETE FROM lock_waiters WHERE replica = ? RETURNING project, key", (replica,)
+    ).fetchall()
+    for project, key in {(p, k) for p, k in gone}:
+        tx.events.append(lock_freed(project, key))
 
 
 def _send_expiry(tx: Tx, project: str, before: Lease, after: Lease) -> Cursor:

@@ -14,6 +14,7 @@ from fencepost.core.slots import PoolConfig, Slot
 from fencepost.errors import NotFound
 from fencepost.store.base import PoolStats, PoolView, SlotAttempt, SlotReport, pool_freed
 from fencepost.store.batch import Tx
+from fencepost.store.sql.replicas import Place
 
 _CONFIG_COLUMNS = (
     "slot_limit, queue_size, queue_timeout_ms, term_ms, renew_interval_ms, "
@@ -246,34 +247,34 @@ def _try_admit(
     return SlotAttempt(None, None, used, state.limit, blocked_ms)
 
 
-def acquire(tx: Tx, project: str, pool: str, wait_alive_ms: int | None) -> SlotAttempt:
+def acquire(tx: Tx, project: str, pool: str, place: Place | None) -> SlotAttempt:
     # Contract: counting live slots and inserting the new one happen in one
     # transaction, so no more than `limit` slots are ever live (SPEC §7.5).
     state, used, queued = load_with_counts(tx, project, pool)
     attempt = _try_admit(tx, project, pool, state, used, queued)
-    if attempt.slot is not None or wait_alive_ms is None or queued >= state.config.queue_size:
+    if attempt.slot is not None or place is None or queued >= state.config.queue_size:
         return attempt
-    ticket = _join_line(tx, project, pool, wait_alive_ms)
+    ticket = _join_line(tx, project, pool, place)
     return SlotAttempt(None, ticket, attempt.in_use, attempt.effective_limit,
                        attempt.retry_after_ms)
 
 
-def _join_line(tx: Tx, project: str, pool: str, alive_ms: int) -> int:
+def _join_line(tx: Tx, project: str, pool: str, place: Place) -> int:
     row = tx.execute(
-        "INSERT INTO slot_waiters (project, pool, alive_until_ms) VALUES (?, ?, ?) "
+        "INSERT INTO slot_waiters (project, pool, alive_until_ms, replica) VALUES (?, ?, ?, ?) "
         "RETURNING ticket",
-        (project, pool, tx.now_ms + alive_ms),
+        (project, pool, tx.now_ms + place.alive_ms, place.replica),
     ).fetchone()
     return int(row[0])
 
 
-def retry_waiter(tx: Tx, project: str, pool: str, ticket: int, alive_ms: int) -> SlotAttempt:
+def retry_waiter(tx: Tx, project: str, pool: str, ticket: int, place: Place) -> SlotAttempt:
     refreshed = tx.execute(
         "UPDATE slot_waiters SET alive_until_ms = ? WHERE ticket = ?",
-        (tx.now_ms + alive_ms, ticket),
+        (tx.now_ms + place.alive_ms, ticket),
     ).rowcount
     if not refreshed:  # dropped as dead (e.g. a stalled loop): rejoin at the back
-        ticket = _join_line(tx, project, pool, alive_ms)
+        ticket = _join_line(tx, project, pool, place)
     # NotFound once the pool is deleted; raising undoes this operation's writes.
     state, used, ahead = load_with_counts(tx, project, pool, ticket)
     attempt = _try_admit(tx, project, pool, state, used, ahead)
@@ -288,6 +289,16 @@ def retry_waiter(tx: Tx, project: str, pool: str, ticket: int, alive_ms: int) ->
 
 def leave_line(tx: Tx, project: str, pool: str, ticket: int) -> None:
     if tx.execute("DELETE FROM slot_waiters WHERE ticket = ?", (ticket,)).rowcount:
+        tx.events.append(pool_freed(project, pool))
+
+
+def drop_waiters_of(tx: Tx, replica: str) -> None:
+    """Remove a dead replica's waiters from every pool's line; the next in
+    each line may go now."""
+    gone = tx.execute(
+        "DELETE FROM slot_waiters WHERE replica = ? RETURNING project, pool", (replica,)
+    ).fetchall()
+    for project, pool in {(p, n) for p, n in gone}:
         tx.events.append(pool_freed(project, pool))
 
 
