@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 from fencepost.core.keys import Role
 from fencepost.server import schemas
-from fencepost.server.routes import keys, locks, pools, system
+from fencepost.server.routes import docs, keys, locks, pools, system
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,4 +129,6 @@ ROUTES: tuple[RouteSpec, ...] = (
         "GET", "/openapi.json", system.openapi, "This document", None, None,
         ((200, None, "OpenAPI 3.1 document"),),
     ),
+    RouteSpec("GET", "/docs", docs.api_docs, "This reference as a web page", None, None,
+              ((200, None, "HTML page"),)),
 )
