@@ -1,0 +1,185 @@
+"""Every `sh` and `python` example of the README and docs/ runs against a real
+server, page by page, in order; and the recipes' failure paths (no slot free,
+upstream unreachable) release what they took and print no traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import FirstStartServer, Upstream, example_env
+from doc_examples import (
+    DEFAULT_URL,
+    Block,
+    assigned_names,
+    blocks,
+    file_block,
+    page_name,
+    pages,
+)
+
+from support import free_port
+
+STATE = ".docs-shell-state"
+RECIPES = "docs/recipes.md"
+
+
+def _run_shell(block: Block, workdir: Path, env: dict[str, str], carried: list[str]) -> str:
+    """One `sh` block under `set -eu` (so a failing line fails the example),
+    with the variables earlier blocks of the page set."""
+    save = " ".join(carried)
+    script = (
+        "set -euo pipefail\n"
+        f"[ -f {STATE} ] && . ./{STATE}\n"
+        f"{block.text}\n"
+        f"for v in {save}; do declare -p \"$v\" 2>/dev/null || true; done > {STATE}\n"
+    )
+    path = workdir / f"block-{block.line}.sh"
+    path.write_text(script)
+    out = subprocess.run(["bash", str(path)], cwd=workdir, env=env, capture_output=True,
+                         text=True, timeout=90, stdin=subprocess.DEVNULL)
+    return _checked(block, out)
+
+
+def _run_python(block: Block, workdir: Path, env: dict[str, str]) -> str:
+    path = workdir / f"block-{block.line}.py"
+    path.write_text(block.text)
+    out = subprocess.run([sys.executable, str(path)], cwd=workdir, env=env,
+                         capture_output=True, text=True, timeout=90,
+                         stdin=subprocess.DEVNULL)
+    return _checked(block, out)
+
+
+def _checked(block: Block, out: subprocess.CompletedProcess[str]) -> str:
+    report = f"example at {block.where} ({block.language})\n{block.text}\n" \
+             f"exit {out.returncode}\nstdout:\n{out.stdout}\nstderr:\n{out.stderr}"
+    assert out.returncode == 0, report
+    assert "Traceback" not in out.stdout + out.stderr, report
+    return out.stdout
+
+
+def _localised(block: Block, server: FirstStartServer) -> Block:
+    """The docs show the default address; the test server has its own port."""
+    text = block.text.replace(DEFAULT_URL, server.base_url)
+    return Block(block.page, block.line, block.language, text, block.directive, block.argument)
+
+
+@pytest.mark.parametrize("page", [page_name(p) for p in pages()])
+def test_every_example_of_the_page_runs(page: str, page_server: FirstStartServer,
+                                        upstream: Upstream) -> None:
+    root = Path(__file__).resolve().parents[2]
+    env = example_env(page_server, upstream.url)
+    workdir = page_server.workdir
+    carried: list[str] = []
+    ran = 0
+    for block in blocks(root / page):
+        block = _localised(block, page_server)
+        if block.directive == "file":
+            target = workdir / block.argument
+            target.write_text(block.text)
+            target.chmod(0o755)
+        elif block.runs and block.language == "sh":
+            carried = sorted(set(carried) | set(assigned_names(block.text)))
+            _run_shell(block, workdir, env, carried)
+            ran += 1
+        elif block.runs:
+            _run_python(block, workdir, env)
+            ran += 1
+    if page not in ("docs/benchmarks.md", "docs/decisions.md", "docs/cli-reference.md"):
+        assert ran, f"{page} has no example that runs"
+
+
+def test_every_page_parses_and_skips_say_why() -> None:
+    skipped = []
+    for path in pages():
+        for block in blocks(path):  # raises on untagged blocks, bash tags, stray directives
+            if block.directive == "skip":
+                assert len(block.argument.split()) >= 3, f"{block.where}: say why it is skipped"
+                skipped.append(block)
+    # A few only: crontab lines, the scripts that start a server or the suite.
+    assert len(skipped) <= 8, [b.where for b in skipped]
+
+
+# The recipe for a rate-limited API, on its failure paths.
+
+def _pool(server: FirstStartServer, name: str) -> dict[str, object]:
+    with server.client() as http:
+        answer = http.get(f"/v1/pools/{name}")
+        assert answer.status_code == 200, answer.text
+        return dict(answer.json())
+
+
+def _set_pool(server: FirstStartServer, name: str, limit: int, queue_size: int) -> None:
+    with server.client() as http:
+        answer = http.put(f"/v1/pools/{name}", json={"limit": limit, "queue_size": queue_size})
+        assert answer.status_code in (200, 201), answer.text
+
+
+def _recipe(server: FirstStartServer, file_name: str) -> list[str]:
+    block = _localised(file_block(RECIPES, file_name), server)
+    path = server.workdir / file_name
+    path.write_text(block.text)
+    path.chmod(0o755)
+    return ["sh", str(path)] if file_name.endswith(".sh") else [sys.executable, str(path)]
+
+
+RECIPE_FILES = ["guarded-call.sh", "guarded_call.py"]
+
+
+@pytest.mark.parametrize("file_name", RECIPE_FILES)
+def test_recipe_releases_its_slot_when_the_upstream_cannot_be_reached(
+        file_name: str, page_server: FirstStartServer, upstream: Upstream) -> None:
+    command = _recipe(page_server, file_name)
+    _set_pool(page_server, "upstream-api", limit=2, queue_size=10)
+    env = example_env(page_server, f"http://127.0.0.1:{free_port()}")  # nobody listens
+    out = subprocess.run(command, cwd=page_server.workdir, env=env, capture_output=True,
+                         text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert out.returncode == 75, (out.returncode, out.stdout, out.stderr)
+    assert "Traceback" not in out.stdout + out.stderr, out.stderr
+    assert "unreachable" in out.stderr, out.stderr
+    pool = _pool(page_server, "upstream-api")
+    assert pool["in_use"] == 0, pool  # released at once, not left to lapse after a term
+    stats = pool["stats"]
+    assert isinstance(stats, dict) and stats["released"] == 1, stats
+
+
+@pytest.mark.parametrize("file_name", RECIPE_FILES)
+def test_recipe_says_no_slot_free_without_a_traceback(
+        file_name: str, page_server: FirstStartServer, upstream: Upstream) -> None:
+    command = _recipe(page_server, file_name)
+    _set_pool(page_server, "upstream-api", limit=1, queue_size=0)  # no waiting: fail fast
+    with page_server.client() as http:
+        taken = http.post("/v1/pools/upstream-api/lock/acquire", json={})
+        assert taken.status_code == 200, taken.text
+    env = example_env(page_server, upstream.url)
+    calls = upstream.calls
+    out = subprocess.run(command, cwd=page_server.workdir, env=env, capture_output=True,
+                         text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert out.returncode == 75, (out.returncode, out.stdout, out.stderr)
+    assert "Traceback" not in out.stdout + out.stderr, out.stderr
+    assert out.stderr.strip(), "say why"
+    assert upstream.calls == calls  # the upstream was never called without a slot
+    assert _pool(page_server, "upstream-api")["in_use"] == 1  # only the slot taken above
+
+
+@pytest.mark.parametrize("file_name", RECIPE_FILES)
+def test_recipe_reports_the_upstream_status_with_the_release(
+        file_name: str, page_server: FirstStartServer, upstream: Upstream) -> None:
+    command = _recipe(page_server, file_name)
+    _set_pool(page_server, "upstream-api", limit=2, queue_size=10)
+    env = example_env(page_server, upstream.url)
+    upstream.status = 429
+    try:
+        out = subprocess.run(command, cwd=page_server.workdir, env=env, capture_output=True,
+                             text=True, timeout=60, stdin=subprocess.DEVNULL)
+    finally:
+        upstream.status = 200
+    assert "Traceback" not in out.stdout + out.stderr, out.stderr
+    pool = _pool(page_server, "upstream-api")
+    assert pool["in_use"] == 0, pool
+    stats = pool["stats"]
+    assert isinstance(stats, dict), stats
+    assert stats["statuses"]["4xx"] == 1 and stats["status_429"] == 1, stats  # type: ignore[index]
+
