@@ -81,15 +81,6 @@ def upstream() -> Iterator[Upstream]:
     server.close()
 
 
-@pytest.fixture
-def page_server(tmp_path: Path) -> Iterator[FirstStartServer]:
-    """A server of the page's own; the examples run in its folder."""
-    server = FirstStartServer(tmp_path)
-    server.start()
-    yield server
-    server.stop()
-
-
 def example_env(server: ServerProcess, upstream_url: str) -> dict[str, str]:
     """What a reader's shell has after the docs' setup: the `fencepost` command
     on PATH and the server's URL and admin key in the environment."""

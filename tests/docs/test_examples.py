@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -73,15 +74,25 @@ def _localised(block: Block, server: FirstStartServer) -> Block:
 
 
 @pytest.mark.parametrize("page", [page_name(p) for p in pages()])
-def test_every_example_of_the_page_runs(page: str, page_server: FirstStartServer,
-                                        upstream: Upstream) -> None:
+def test_every_example_of_the_page_runs(page: str, tmp_path: Path, upstream: Upstream) -> None:
     root = Path(__file__).resolve().parents[2]
-    env = example_env(page_server, upstream.url)
-    workdir = page_server.workdir
+    page_blocks = blocks(root / page)
+    if not any(b.runs or b.directive == "file" for b in page_blocks):
+        assert page in PAGES_WITHOUT_EXAMPLES, f"{page} has no example that runs"
+        return
+    server = FirstStartServer(tmp_path).start()
+    try:
+        _run_page(page_blocks, server, upstream)
+    finally:
+        server.stop()
+
+
+def _run_page(page_blocks: list[Block], server: FirstStartServer, upstream: Upstream) -> None:
+    env = example_env(server, upstream.url)
+    workdir = server.workdir
     carried: list[str] = []
-    ran = 0
-    for block in blocks(root / page):
-        block = _localised(block, page_server)
+    for block in page_blocks:
+        block = _localised(block, server)
         if block.directive == "file":
             target = workdir / block.argument
             target.write_text(block.text)
@@ -89,12 +100,8 @@ def test_every_example_of_the_page_runs(page: str, page_server: FirstStartServer
         elif block.runs and block.language == "sh":
             carried = sorted(set(carried) | set(assigned_names(block.text)))
             _run_shell(block, workdir, env, carried)
-            ran += 1
         elif block.runs:
             _run_python(block, workdir, env)
-            ran += 1
-    if page not in PAGES_WITHOUT_EXAMPLES:
-        assert ran, f"{page} has no example that runs"
 
 
 def test_every_page_parses_and_skips_say_why() -> None:
@@ -118,7 +125,9 @@ def _pool(server: FirstStartServer, name: str) -> dict[str, object]:
 
 
 def _set_pool(server: FirstStartServer, name: str, limit: int, queue_size: int) -> None:
+    """A new pool (deleting it first ends its slots and clears its statistics)."""
     with server.client() as http:
+        http.delete(f"/v1/pools/{name}")
         answer = http.put(f"/v1/pools/{name}", json={"limit": limit, "queue_size": queue_size})
         assert answer.status_code in (200, 201), answer.text
 
@@ -134,18 +143,26 @@ def _recipe(server: FirstStartServer, file_name: str) -> list[str]:
 RECIPE_FILES = ["guarded-call.sh", "guarded_call.py"]
 
 
+@pytest.fixture(scope="module")
+def recipe_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FirstStartServer]:
+    """One server for the recipe's failure paths: each test starts from a new pool."""
+    server = FirstStartServer(tmp_path_factory.mktemp("recipes")).start()
+    yield server
+    server.stop()
+
+
 @pytest.mark.parametrize("file_name", RECIPE_FILES)
 def test_recipe_releases_its_slot_when_the_upstream_cannot_be_reached(
-        file_name: str, page_server: FirstStartServer, upstream: Upstream) -> None:
-    command = _recipe(page_server, file_name)
-    _set_pool(page_server, "upstream-api", limit=2, queue_size=10)
-    env = example_env(page_server, f"http://127.0.0.1:{free_port()}")  # nobody listens
-    out = subprocess.run(command, cwd=page_server.workdir, env=env, capture_output=True,
+        file_name: str, recipe_server: FirstStartServer, upstream: Upstream) -> None:
+    command = _recipe(recipe_server, file_name)
+    _set_pool(recipe_server, "upstream-api", limit=2, queue_size=10)
+    env = example_env(recipe_server, f"http://127.0.0.1:{free_port()}")  # nobody listens
+    out = subprocess.run(command, cwd=recipe_server.workdir, env=env, capture_output=True,
                          text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert out.returncode == 75, (out.returncode, out.stdout, out.stderr)
     assert "Traceback" not in out.stdout + out.stderr, out.stderr
     assert "unreachable" in out.stderr, out.stderr
-    pool = _pool(page_server, "upstream-api")
+    pool = _pool(recipe_server, "upstream-api")
     assert pool["in_use"] == 0, pool  # released at once, not left to lapse after a term
     stats = pool["stats"]
     assert isinstance(stats, dict) and stats["released"] == 1, stats
@@ -153,37 +170,37 @@ def test_recipe_releases_its_slot_when_the_upstream_cannot_be_reached(
 
 @pytest.mark.parametrize("file_name", RECIPE_FILES)
 def test_recipe_says_no_slot_free_without_a_traceback(
-        file_name: str, page_server: FirstStartServer, upstream: Upstream) -> None:
-    command = _recipe(page_server, file_name)
-    _set_pool(page_server, "upstream-api", limit=1, queue_size=0)  # no waiting: fail fast
-    with page_server.client() as http:
+        file_name: str, recipe_server: FirstStartServer, upstream: Upstream) -> None:
+    command = _recipe(recipe_server, file_name)
+    _set_pool(recipe_server, "upstream-api", limit=1, queue_size=0)  # no waiting: fail fast
+    with recipe_server.client() as http:
         taken = http.post("/v1/pools/upstream-api/lock/acquire", json={})
         assert taken.status_code == 200, taken.text
-    env = example_env(page_server, upstream.url)
+    env = example_env(recipe_server, upstream.url)
     calls = upstream.calls
-    out = subprocess.run(command, cwd=page_server.workdir, env=env, capture_output=True,
+    out = subprocess.run(command, cwd=recipe_server.workdir, env=env, capture_output=True,
                          text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert out.returncode == 75, (out.returncode, out.stdout, out.stderr)
     assert "Traceback" not in out.stdout + out.stderr, out.stderr
     assert out.stderr.strip(), "say why"
     assert upstream.calls == calls  # the upstream was never called without a slot
-    assert _pool(page_server, "upstream-api")["in_use"] == 1  # only the slot taken above
+    assert _pool(recipe_server, "upstream-api")["in_use"] == 1  # only the slot taken above
 
 
 @pytest.mark.parametrize("file_name", RECIPE_FILES)
 def test_recipe_reports_the_upstream_status_with_the_release(
-        file_name: str, page_server: FirstStartServer, upstream: Upstream) -> None:
-    command = _recipe(page_server, file_name)
-    _set_pool(page_server, "upstream-api", limit=2, queue_size=10)
-    env = example_env(page_server, upstream.url)
+        file_name: str, recipe_server: FirstStartServer, upstream: Upstream) -> None:
+    command = _recipe(recipe_server, file_name)
+    _set_pool(recipe_server, "upstream-api", limit=2, queue_size=10)
+    env = example_env(recipe_server, upstream.url)
     upstream.status = 429
     try:
-        out = subprocess.run(command, cwd=page_server.workdir, env=env, capture_output=True,
+        out = subprocess.run(command, cwd=recipe_server.workdir, env=env, capture_output=True,
                              text=True, timeout=60, stdin=subprocess.DEVNULL)
     finally:
         upstream.status = 200
     assert "Traceback" not in out.stdout + out.stderr, out.stderr
-    pool = _pool(page_server, "upstream-api")
+    pool = _pool(recipe_server, "upstream-api")
     assert pool["in_use"] == 0, pool
     stats = pool["stats"]
     assert isinstance(stats, dict), stats
