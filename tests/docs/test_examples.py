@@ -204,5 +204,5 @@ def test_recipe_reports_the_upstream_status_with_the_release(
     assert pool["in_use"] == 0, pool
     stats = pool["stats"]
     assert isinstance(stats, dict), stats
-    assert stats["statuses"]["4xx"] == 1 and stats["status_429"] == 1, stats  # type: ignore[index]
+    assert stats["statuses"]["4xx"] == 1 and stats["status_429"] == 1, stats
 
