@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import FirstStartServer, Upstream, example_env
+from docs_support import FirstStartServer, Upstream, example_env
 from doc_examples import (
     DEFAULT_URL,
     Block,
