@@ -18,7 +18,7 @@ import click
 from mkdocs.structure.files import File, Files
 
 from fencepost.cli import main as cli_main
-from fencepost.server.apidoc import Operation, operations, schemas, type_text
+from fencepost.server.apidoc import op_anchor, operations, schemas, type_text
 from fencepost.server.openapi import build_openapi
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,11 +52,6 @@ class _Markdown:
         return f"[{name}](#schema-{name.lower()})"
 
 
-def _op_anchor(op: Operation) -> str:
-    slug = "".join(c if c.isalnum() else "-" for c in op.path.strip("/"))
-    return f"op-{op.method.lower()}-{slug}"
-
-
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
@@ -66,7 +61,7 @@ def http_api_markdown() -> str:
     style = _Markdown()
     out: list[str] = []
     for op in operations(document):
-        out += [f"### {op.method} `{op.path}` {{#{_op_anchor(op)}}}", "",
+        out += [f"### {op.method} `{op.path}` {{#{op_anchor(op)}}}", "",
                 f"{op.summary}. {op.description if op.authenticated else 'No key needed.'}", ""]
         if op.params:
             out += ["| parameter | in | required | meaning |", "|---|---|---|---|"]

@@ -159,7 +159,8 @@ class _Html:
         return f'<a href="#schema-{html.escape(name)}">{html.escape(name)}</a>'
 
 
-def _anchor(op: Operation) -> str:
+def op_anchor(op: Operation) -> str:
+    """The id of an operation's section: the same on /docs and on the site."""
     slug = "".join(c if c.isalnum() else "-" for c in op.path.strip("/"))
     return f"op-{op.method.lower()}-{slug}"
 
@@ -186,11 +187,11 @@ def render_html(document: dict[str, Any]) -> str:
         " every error is <code>{\"error\": {\"code\", \"message\", ...}}</code>.</p>",
         "<nav><h2>Operations</h2><ul>",
     ]
-    out += [f'<li><a href="#{_anchor(op)}"><span class="method">{op.method}</span> '
+    out += [f'<li><a href="#{op_anchor(op)}"><span class="method">{op.method}</span> '
             f"<code>{esc(op.path)}</code></a> {esc(op.summary)}</li>" for op in ops]
     out.append("</ul></nav>")
     for op in ops:
-        out.append(f'<section id="{_anchor(op)}"><h2><span class="method">{op.method}</span> '
+        out.append(f'<section id="{op_anchor(op)}"><h2><span class="method">{op.method}</span> '
                    f"<code>{esc(op.path)}</code></h2><p>{esc(op.summary)}. "
                    f"{esc(op.description) if op.authenticated else 'No key needed.'}</p>")
         if op.params:
