@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from fencepost.cli.common import Ctx, api_command, connection_options
+from fencepost.cli.quiet import check_output_mode, quiet_option
 from fencepost.cli.render import relative, table
 
 
@@ -23,12 +24,14 @@ def key() -> None:
               help="Accept requests only from here (repeatable).")
 @click.option("--rpm-quota", type=click.IntRange(1, 1_000_000), default=None,
               help="Requests per minute.")
+@quiet_option("the secret, and no remark on stderr")
 @connection_options
 @api_command
 async def create(ctx: Ctx, role: str, name: str | None, expires_in: int | None,
-                 allow_ips: tuple[str, ...], rpm_quota: int | None) -> None:
+                 allow_ips: tuple[str, ...], rpm_quota: int | None, quiet: bool) -> None:
     """Create an API key and print its secret alone on stdout (it is shown only
     once), so that `KEY=$(fencepost key create --role member)` works."""
+    check_output_mode(ctx, quiet)
     async with ctx.client() as client:
         created = await client.create_key(
             role, name=name, expires_in=expires_in,  # type: ignore[arg-type]
@@ -37,9 +40,10 @@ async def create(ctx: Ctx, role: str, name: str | None, expires_in: int | None,
     if ctx.as_json:
         ctx.emit(created.to_dict(), "")
         return
-    ctx.note(f"created {created.role} key {created.id}"
-             + (f" ({created.name})" if created.name else "")
-             + f" in project {created.project}; its secret (shown once):")
+    if not quiet:
+        ctx.note(f"created {created.role} key {created.id}"
+                 + (f" ({created.name})" if created.name else "")
+                 + f" in project {created.project}; its secret (shown once):")
     click.echo(created.key)
 
 

@@ -9,6 +9,7 @@ import click
 from fencepost.cli.common import Ctx, api_command, connection_options, follow_pages
 from fencepost.cli.params import JSON_OBJECT, NAME, UUID
 from fencepost.cli.progress import ProgressLine, lock_waiting, while_waiting
+from fencepost.cli.quiet import check_output_mode, emit_created, quiet_option
 from fencepost.cli.render import compact_json, duration, fields, relative, table, when
 from fencepost.client.models import LockInfo
 from fencepost.client.wire import new_token
@@ -38,23 +39,27 @@ def lock() -> None:
               show_default=True, help="keep: stay held (overdue) past the TTL.")
 @click.option("--token", type=UUID, default=None,
               help="Lock token to use (default: a new one). Reusing it makes retries safe.")
+@quiet_option("the lock token")
 @connection_options
 @api_command
 async def acquire(ctx: Ctx, key: str, ttl: int, wait: float, operation: str | None,
-                  metadata: dict[str, Any] | None, on_expiry: str, token: str | None) -> None:
+                  metadata: dict[str, Any] | None, on_expiry: str, token: str | None,
+                  quiet: bool) -> None:
     """Acquire lock KEY and print its lock token and fencing token.
 
     The lease is not renewed after this command exits: renew it with
     `fencepost lock renew` before it expires, and release it when done.
     Exit code 3 when the lock is held (after waiting, if --wait).
+    With -q, only the lock token: TOKEN=$(fencepost lock acquire KEY -q).
     """
+    check_output_mode(ctx, quiet)
     token = token or new_token()
     async with ctx.client() as client:
         work = client.acquire_lock(key, ttl=ttl, wait=wait, operation=operation,
                                    metadata=metadata, on_expiry=on_expiry,  # type: ignore[arg-type]
                                    token=token)
         lease = await while_waiting(work, lock_waiting(client, key), ProgressLine())
-    ctx.emit(lease.to_dict(), lambda: "\n".join([
+    emit_created(ctx, quiet, lease.lock_token, lease.to_dict(), lambda: "\n".join([
         f"acquired lock {lease.key}: fencing token {lease.fencing_token}, "
         f"expires {relative(lease.expires_at)}"
         + ("" if lease.created else " (this token already held it)"),

@@ -7,6 +7,7 @@ import click
 from fencepost.cli.common import Ctx, api_command, connection_options, follow_pages
 from fencepost.cli.params import HEADER, NAME
 from fencepost.cli.progress import ProgressLine, slot_waiting, while_waiting
+from fencepost.cli.quiet import check_output_mode, emit_created, quiet_option
 from fencepost.cli.render import duration, epoch_ms, fields, relative, table
 from fencepost.client import Outcome
 from fencepost.client.models import PoolInfo
@@ -42,14 +43,17 @@ def pool() -> None:
 @click.option("--adaptive/--no-adaptive", default=None, help="Learn the limit from outcomes.")
 @click.option("--min-limit", type=click.IntRange(min=1), default=None,
               help="Floor for the learned limit.")
+@quiet_option("the pool's name")
 @connection_options
 @api_command
 async def set_(ctx: Ctx, name: str, limit: int, queue_size: int | None,
                queue_timeout_ms: int | None, term_ms: int | None,
                renew_interval_ms: int | None, request_timeout_ms: int | None,
-               rpm: int | None, adaptive: bool | None, min_limit: int | None) -> None:
+               rpm: int | None, adaptive: bool | None, min_limit: int | None,
+               quiet: bool) -> None:
     """Create or replace pool NAME's configuration (admin). Options left out take
     the server's defaults."""
+    check_output_mode(ctx, quiet)
     async with ctx.client() as client:
         info = await client.set_pool(
             name, limit=limit, queue_size=queue_size, queue_timeout_ms=queue_timeout_ms,
@@ -57,7 +61,7 @@ async def set_(ctx: Ctx, name: str, limit: int, queue_size: int | None,
             request_timeout_ms=request_timeout_ms, rpm=rpm, adaptive=adaptive,
             min_limit=min_limit,
         )
-    ctx.emit(info.to_dict(), lambda: "configured " + _describe(info))
+    emit_created(ctx, quiet, info.name, info.to_dict(), lambda: "configured " + _describe(info))
 
 
 def _ms(value: int | None) -> str | None:
@@ -129,15 +133,18 @@ async def delete(ctx: Ctx, name: str) -> None:
 @click.option("--wait", type=click.FloatRange(min=0), default=0, show_default=True,
               metavar="SECONDS", help="How long to wait for a slot; 0 fails fast.")
 @click.option("--no-queue", is_flag=True, help="Fail fast even if --wait is given.")
+@quiet_option("the slot ID")
 @connection_options
 @api_command
-async def acquire(ctx: Ctx, name: str, wait: float, no_queue: bool) -> None:
+async def acquire(ctx: Ctx, name: str, wait: float, no_queue: bool, quiet: bool) -> None:
     """Take a slot of pool NAME and print its slot ID. It is not renewed after
-    this command exits. Exit code 3 when no slot is free (in time)."""
+    this command exits. Exit code 3 when no slot is free (in time).
+    With -q, only the slot ID: SLOT=$(fencepost pool acquire NAME -q)."""
+    check_output_mode(ctx, quiet)
     async with ctx.client() as client:
         work = client.acquire_slot(name, wait=wait, no_queue=no_queue)
         grant = await while_waiting(work, slot_waiting(client, name), ProgressLine())
-    ctx.emit(grant.to_dict(), lambda: "\n".join([
+    emit_created(ctx, quiet, grant.slot_id, grant.to_dict(), lambda: "\n".join([
         f"took a slot of pool {name}: lapses {relative(epoch_ms(grant.lease_deadline))} "
         f"unless renewed (every {duration(grant.renew_interval_ms / 1000)})"
         + (f"; {grant.remaining_slots} left" if grant.remaining_slots is not None else ""),

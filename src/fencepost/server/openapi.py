@@ -159,7 +159,8 @@ def _operation(route: RouteSpec) -> dict[str, Any]:
         responses[str(status)] = {
             "description": text,
             "headers": _header_refs(["X-Request-Id", *route.response_headers]),
-            "content": {_JSON: {"schema": _schema(body)}},
+            "content": ({"text/html": {"schema": {"type": "string"}}} if body is str
+                        else {_JSON: {"schema": _schema(body)}}),
         }
     for status, errors in sorted(_errors(route).items()):
         responses[str(status)] = _error_response(errors)

@@ -27,7 +27,7 @@ from fencepost.errors import (
 )
 from fencepost.server import schemas
 from fencepost.server.listing import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT
-from fencepost.server.routes import keys, locks, pools, system
+from fencepost.server.routes import docs, keys, locks, pools, system
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +53,8 @@ class RouteSpec:
     role: Role | None
     body: type | None = None
     body_optional: bool = False  # an empty body is accepted too
-    # (status, body Struct or a tuple of them when either may come, description)
+    # (status, body Struct or a tuple of them when either may come, description);
+    # `dict` is any JSON object, `str` an HTML page
     responses: tuple[tuple[int, type | tuple[type, ...] | None, str], ...] = ()
     errors: tuple[type[FencepostError], ...] = ()  # raised by this route itself
     params: tuple[Param, ...] = ()  # header and query parameters
@@ -218,5 +219,9 @@ ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec(
         "GET", "/openapi.json", system.openapi, "getOpenApiDocument", "This document", None,
         responses=((200, dict, "The OpenAPI 3.1 document."),),
+    ),
+    RouteSpec(
+        "GET", "/docs", docs.api_docs, "getApiReference", "This reference as a web page", None,
+        responses=((200, str, "The API reference as one HTML page (no scripts)."),),
     ),
 )
