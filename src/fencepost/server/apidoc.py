@@ -95,7 +95,7 @@ def operations(document: dict[str, Any]) -> list[Operation]:
             found.append(Operation(
                 method=method.upper(), path=path, summary=str(op.get("summary", "")),
                 description=str(op.get("description", "")),
-                authenticated="security" in op,
+                authenticated=bool(op.get("security")),  # [] means no key
                 params=tuple(
                     Param(p["name"], p["in"], bool(p.get("required")),
                           str(p.get("description", "")))
