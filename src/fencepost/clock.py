@@ -7,3 +7,27 @@ import time
 
 def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+class SteadyClock:
+    """Epoch milliseconds that a step of the wall clock cannot move.
+
+    The wall clock is read once, when the clock is made; after that, time
+    advances by the monotonic clock alone. An NTP step or a hand-set date while
+    the server runs therefore neither frees nor lengthens a live lease (SPEC §2,
+    "Time authority"), while the instants it stamps stay wall-clock instants, so
+    a restarted server (which takes a fresh reading) still understands them."""
+
+    __slots__ = ("_anchor_ms", "_anchor_ns")
+
+    def __init__(self) -> None:
+        self._anchor_ms = wall_clock_ms()
+        self._anchor_ns = time.monotonic_ns()
+
+    def __call__(self) -> int:
+        return self._anchor_ms + (time.monotonic_ns() - self._anchor_ns) // 1_000_000
+
+    def drift_ms(self) -> int:
+        """How far the wall clock has moved from this clock since it was made
+        (positive: the wall clock is ahead)."""
+        return wall_clock_ms() - self()

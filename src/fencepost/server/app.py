@@ -95,6 +95,7 @@ class App:
         self.openapi = build_openapi()
         self._paths = _paths()
         self._reaper: asyncio.Task[None] | None = None
+        self.shutting_down = False  # /readyz turns 503 at once on SIGTERM
 
     # --- lifecycle ----------------------------------------------------------
     async def startup(self) -> None:
@@ -106,6 +107,7 @@ class App:
 
     def begin_shutdown(self) -> None:
         """Answer parked waiters (503) so that a stop is prompt."""
+        self.shutting_down = True
         self.services.waiters.shut()
 
     async def shutdown(self) -> None:

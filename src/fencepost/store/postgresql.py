@@ -42,6 +42,14 @@ CONNECT_TIMEOUT_S = 2
 SESSION_OPTIONS = (
     "-c statement_timeout=5000 -c lock_timeout=5000 -c idle_in_transaction_session_timeout=15000"
 )
+# SQLSTATE classes that say the database cannot take the batch now: connection
+# exceptions, insufficient resources (disk full, out of memory), operator
+# intervention (shutting down, recovering), system errors (I/O), internal
+# errors (corruption). A database that refuses writes (a read-only standby, or
+# default_transaction_read_only) answers 25006. Each fails the batch whole
+# with 503 store_unavailable, never a 500.
+_UNUSABLE_CLASSES = {"08", "53", "57", "58", "XX"}
+_READ_ONLY_TRANSACTION = "25006"
 _CLOCK = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 # Without parameters psycopg sends the simple protocol, which carries two
 # statements in one round trip; the key is a constant of ours, not input.
@@ -114,7 +122,11 @@ class PostgresEngine:
     def __init__(self, url: str, clock_ms: Callable[[], int] | None) -> None:
         self.url = libpq_url(url)
         self.clock_ms = clock_ms
-        self.offset_ms = 0  # database clock minus local wall clock, as last seen
+        # The database clock as last read, and the local monotonic instant of
+        # that reading: between batches, time runs on by the monotonic clock,
+        # so a step of this machine's wall clock moves nothing. One tuple,
+        # replaced whole, as the writer and the readers each set it.
+        self.seen: tuple[int, float] = (wall_clock_ms(), time.monotonic())
 
     def connect(self) -> _Connection:
         conn = _Connection.connect(
@@ -130,7 +142,7 @@ class PostgresEngine:
         row = cur.fetchone()
         assert row is not None
         db_ms, started = int(row[0]), time.monotonic()
-        self.offset_ms = db_ms - wall_clock_ms()
+        self.seen = (db_ms, started)
         if self.clock_ms is not None:  # a test drives time
             return self.clock_ms
         return lambda: db_ms + int((time.monotonic() - started) * 1000)
@@ -162,7 +174,16 @@ class PostgresEngine:
         )
 
     def fatal(self, exc: BaseException) -> bool:
-        return isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError))
+        if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
+            return True
+        sqlstate = getattr(exc, "sqlstate", None) or ""
+        return sqlstate == _READ_ONLY_TRANSACTION or sqlstate[:2] in _UNUSABLE_CLASSES
+
+    def now_ms(self) -> int:
+        if self.clock_ms is not None:
+            return self.clock_ms()
+        db_ms, at = self.seen
+        return db_ms + int((time.monotonic() - at) * 1000)
 
     def broken(self, conn: psycopg.Connection[Any]) -> bool:
         return bool(conn.closed or conn.broken)
@@ -251,6 +272,7 @@ class PostgresStore(SqlStore):
         await super().close()
 
     async def now_ms(self) -> int:
-        """The database's clock as last seen, for decisions outside a transaction
-        (key expiry); lease and slot expiry are judged inside the batch."""
-        return wall_clock_ms() + self._engine.offset_ms
+        """The database's clock as last seen, advanced by the monotonic clock,
+        for decisions outside a transaction (key expiry); lease and slot expiry
+        are judged inside the batch."""
+        return self._engine.now_ms()

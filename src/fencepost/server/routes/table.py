@@ -122,8 +122,19 @@ ROUTES: tuple[RouteSpec, ...] = (
         ((200, schemas.WhoAmI, "The key's project, ID and role"),),
     ),
     RouteSpec(
-        "GET", "/healthz", system.healthz, "Health", None, None,
-        ((200, schemas.Health, "The store answers"), (503, None, "The store does not answer")),
+        "GET", "/livez", system.livez, "Liveness: the process serves (never asks the store)",
+        None, None, ((200, schemas.Health, "The process serves"),),
+    ),
+    RouteSpec(
+        "GET", "/readyz", system.readyz, "Readiness: the store answers and takes writes", None,
+        None,
+        ((200, schemas.Health, "Ready"),
+         (503, None, "store_unavailable (store failing, file lost) or shutting_down")),
+    ),
+    RouteSpec(
+        "GET", "/healthz", system.healthz, "Readiness (the old name of /readyz)", None, None,
+        ((200, schemas.Health, "Ready"),
+         (503, None, "store_unavailable (store failing, file lost) or shutting_down")),
     ),
     RouteSpec(
         "GET", "/openapi.json", system.openapi, "This document", None, None,
