@@ -68,9 +68,10 @@ def test_a_lost_store_file_stops_acknowledging(
         assert ready.json()["error"]["code"] == "store_unavailable"
         assert get(server, "/healthz").status_code == 503
         assert get(server, "/livez").status_code == 200
-        lines = [line for line in server.stderr_path.read_text().splitlines()
-                 if "store lost" in line]
-        assert len(lines) == 1, server.stderr_path.read_text()
+        log = server.stderr_path.read_text().splitlines()
+        assert sum("store lost" in line for line in log) == 1, log
+        # The reaper, failing four times a second, says so once.
+        assert sum("reaper" in line for line in log) <= 1, log
         assert "Traceback" not in server.stderr_path.read_text()
         server.stop()
 

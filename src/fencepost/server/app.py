@@ -43,11 +43,17 @@ class AppConfig:
 
 
 async def _reap_forever(store: Store) -> None:
+    last_error = ""
     while True:
         try:
             await store.reap()
+            last_error = ""
         except Exception as exc:  # noqa: BLE001 - keep reaping after a store hiccup
-            print(f"fencepost: reaper: {exc}", file=sys.stderr)
+            # Once per spell of one failure, not four lines a second while
+            # the store stays down.
+            if str(exc) != last_error:
+                print(f"fencepost: reaper: {exc}", file=sys.stderr)
+            last_error = str(exc)
         await asyncio.sleep(REAP_INTERVAL_S)
 
 

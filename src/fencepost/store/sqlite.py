@@ -101,6 +101,9 @@ class SqliteStore(SqlStore):
 
     async def open(self) -> None:
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        # What the files are is learnt afresh: a store closed and opened again
+        # has new -wal and -shm files (the last close removes them).
+        self._engine.guard = FileGuard(self.path)
         try:
             await asyncio.to_thread(apply_migrations, f"sqlite:///{self.path}", "sqlite")
             await self._start()
