@@ -58,7 +58,7 @@ def test_a_lost_store_file_stops_acknowledging(
         FAULTS[fault](server.db_path)
 
         # The next write may race the check; from then on nothing is acknowledged.
-        wait_for(lambda: get(server, "/readyz").status_code == 503, "/readyz to turn off")
+        wait_for(lambda s=server: get(s, "/readyz").status_code == 503, "/readyz to turn off")
         for _ in range(5):
             assert_unavailable(acquire(server, unique_name("void"), new_token()))
         assert_unavailable(renew(server, held_key, holder))
