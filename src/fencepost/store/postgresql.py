@@ -5,7 +5,7 @@ batch transaction first takes one transaction-scoped advisory lock, so batches
 from all replicas are serialised exactly as SQLite serialises its writers: the
 read-decide-write of every operation is atomic across the deployment, and no
 two batches can deadlock. The database's clock, read once per batch and
-advanced by the local monotonic clock within it, judges every expiry, so a
+advanced by the local steady clock (clock.steady_ns) after it, judges every expiry, so a
 replica with a skewed wall clock never decides anything by it.
 
 Replicas hear about freed locks and slots through LISTEN/NOTIFY; waiters also
@@ -19,7 +19,6 @@ import contextlib
 import json
 import sys
 import threading
-import time
 from functools import lru_cache
 from typing import Any, Callable, ContextManager, Iterator
 from urllib.parse import urlsplit, urlunsplit
@@ -27,7 +26,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-from fencepost.clock import wall_clock_ms
+from fencepost.clock import steady_ns, wall_clock_ms
 from fencepost.errors import StoreUnavailable
 from fencepost.store.base import Freed
 from fencepost.store.batch import Cursor
@@ -123,10 +122,10 @@ class PostgresEngine:
         self.url = libpq_url(url)
         self.clock_ms = clock_ms
         # The database clock as last read, and the local monotonic instant of
-        # that reading: between batches, time runs on by the monotonic clock,
-        # so a step of this machine's wall clock moves nothing. One tuple,
+        # that reading: between batches, time runs on by the steady clock, so
+        # a step of this machine's wall clock moves nothing. One tuple,
         # replaced whole, as the writer and the readers each set it.
-        self.seen: tuple[int, float] = (wall_clock_ms(), time.monotonic())
+        self.seen: tuple[int, int] = (wall_clock_ms(), steady_ns())
 
     def connect(self) -> _Connection:
         conn = _Connection.connect(
@@ -141,11 +140,11 @@ class PostgresEngine:
         cur.nextset()  # past BEGIN's result to the clock's
         row = cur.fetchone()
         assert row is not None
-        db_ms, started = int(row[0]), time.monotonic()
+        db_ms, started = int(row[0]), steady_ns()
         self.seen = (db_ms, started)
         if self.clock_ms is not None:  # a test drives time
             return self.clock_ms
-        return lambda: db_ms + int((time.monotonic() - started) * 1000)
+        return lambda: db_ms + (steady_ns() - started) // 1_000_000
 
     def execute(self, conn: _Connection, sql: str, params: tuple[Any, ...]) -> Cursor:
         if conn.pipe is not None:
@@ -183,7 +182,7 @@ class PostgresEngine:
         if self.clock_ms is not None:
             return self.clock_ms()
         db_ms, at = self.seen
-        return db_ms + int((time.monotonic() - at) * 1000)
+        return db_ms + (steady_ns() - at) // 1_000_000
 
     def broken(self, conn: psycopg.Connection[Any]) -> bool:
         return bool(conn.closed or conn.broken)
