@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import sys
 from pathlib import Path
 from typing import Any, Callable, ContextManager
 
@@ -19,6 +20,10 @@ from fencepost.store.sql_store import DEFAULT_READERS, SqlStore
 # cannot open, lock protocol broken, permission, file too large. A batch that
 # meets one fails whole with 503 store_unavailable, never a 500.
 _UNUSABLE = {3, 8, 10, 11, 13, 14, 15, 22, 26}
+
+
+# A wall clock this far from the server's is a step, not rounding: logged.
+WALL_STEP_NOTICE_MS = 1_000
 
 
 class SqliteEngine:
@@ -97,6 +102,7 @@ class SqliteStore(SqlStore):
         # wall-clock steps while the server runs (see SteadyClock).
         self._clock_ms = clock_ms or SteadyClock()
         self._engine = SqliteEngine(path, self._clock_ms)
+        self._told_drift_ms = 0
         super().__init__(self._engine, readers)
 
     async def open(self) -> None:
@@ -118,6 +124,22 @@ class SqliteStore(SqlStore):
 
     def lost(self) -> str | None:
         return self._engine.guard.check()
+
+    async def reap(self) -> int:
+        self._notice_wall_clock_step()
+        return await super().reap()
+
+    def _notice_wall_clock_step(self) -> None:
+        """Say once in the log when the wall clock stepped away from the
+        server's clock: what the server stamps now differs from `date`."""
+        if not isinstance(self._clock_ms, SteadyClock):
+            return
+        drift = self._clock_ms.drift_ms()
+        if abs(drift - self._told_drift_ms) >= WALL_STEP_NOTICE_MS:
+            self._told_drift_ms = drift
+            print(f"fencepost: the wall clock is {drift / 1000:+.1f} s from the server's clock; "
+                  "leases keep their times; a restart adopts the wall clock",
+                  file=sys.stderr, flush=True)
 
 
 def _clear_waiters(tx: Any) -> None:
