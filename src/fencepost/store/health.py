@@ -9,15 +9,20 @@ from fencepost.store.batch import Tx
 
 class WriteHealth:
     def __init__(self) -> None:
-        # Set and read across the writer thread and the event loop: one
-        # attribute, replaced whole, so no lock is needed.
+        # Written by the writer thread, read on the event loop: plain
+        # attributes, each replaced whole, so no lock is needed.
         self.failure: str | None = None
+        self.failures = 0  # how many write batches have failed so far
 
     def failed(self, reason: str) -> None:
         self.failure = reason
+        self.failures += 1
 
-    def succeeded(self) -> None:
-        self.failure = None
+    def succeeded(self, failures_before: int) -> None:
+        """A write that began after `failures_before` failures committed: clear
+        the failure, unless a later batch has failed since."""
+        if self.failures == failures_before:
+            self.failure = None
 
 
 def probe_writes(tx: Tx) -> None:

@@ -5,8 +5,9 @@ batch transaction first takes one transaction-scoped advisory lock, so batches
 from all replicas are serialised exactly as SQLite serialises its writers: the
 read-decide-write of every operation is atomic across the deployment, and no
 two batches can deadlock. The database's clock, read once per batch and
-advanced by the local steady clock (clock.steady_ns) after it, judges every expiry, so a
-replica with a skewed wall clock never decides anything by it.
+advanced by the local steady clock (clock.steady_ns) after it, judges every
+expiry, so a replica with a skewed or stepped wall clock never decides
+anything by it.
 
 Replicas hear about freed locks and slots through LISTEN/NOTIFY; waiters also
 re-check every second in case a notification is lost.
@@ -121,7 +122,7 @@ class PostgresEngine:
     def __init__(self, url: str, clock_ms: Callable[[], int] | None) -> None:
         self.url = libpq_url(url)
         self.clock_ms = clock_ms
-        # The database clock as last read, and the local monotonic instant of
+        # The database clock as last read, and the local steady instant of
         # that reading: between batches, time runs on by the steady clock, so
         # a step of this machine's wall clock moves nothing. One tuple,
         # replaced whole, as the writer and the readers each set it.

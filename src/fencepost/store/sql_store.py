@@ -211,7 +211,7 @@ class SqlStore:
 
     # --- background ------------------------------------------------------------
     async def reap(self) -> int:
-        probed = False
+        probed: int | None = None  # failures counted when the probe was written
 
         def op(tx: Tx) -> int:
             nonlocal probed
@@ -222,10 +222,10 @@ class SqlStore:
             if not (0 <= tx.now_ms - self._last_probe_ms < WRITE_PROBE_EVERY_MS):
                 self._last_probe_ms = tx.now_ms
                 probe_writes(tx)
-                probed = True
+                probed = self.health.failures
             return locks.reap(tx, self._known, forget_before) + pools.reap(tx)
 
         reaped = await self._writer.run(op)
-        if probed:  # it committed: writes work (again)
-            self.health.succeeded()
+        if probed is not None:  # it committed: writes work (again)
+            self.health.succeeded(probed)
         return reaped

@@ -20,8 +20,6 @@ from fencepost.store.sql_store import DEFAULT_READERS, SqlStore
 # cannot open, lock protocol broken, permission, file too large. A batch that
 # meets one fails whole with 503 store_unavailable, never a 500.
 _UNUSABLE = {3, 8, 10, 11, 13, 14, 15, 22, 26}
-
-
 # A wall clock this far from the server's is a step, not rounding: logged.
 WALL_STEP_NOTICE_MS = 1_000
 
