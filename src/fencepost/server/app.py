@@ -44,11 +44,17 @@ class AppConfig:
 
 
 async def _reap_forever(store: Store) -> None:
+    last_error = ""
     while True:
         try:
             await store.reap()
+            last_error = ""
         except Exception as exc:  # noqa: BLE001 - keep reaping after a store hiccup
-            print(f"fencepost: reaper: {exc}", file=sys.stderr)
+            # Once per spell of one failure, not four lines a second while
+            # the store stays down.
+            if str(exc) != last_error:
+                print(f"fencepost: reaper: {exc}", file=sys.stderr)
+            last_error = str(exc)
         await asyncio.sleep(REAP_INTERVAL_S)
 
 
@@ -96,6 +102,7 @@ class App:
         self.openapi = build_openapi()
         self._paths = _paths()
         self._reaper: asyncio.Task[None] | None = None
+        self.shutting_down = False  # /readyz turns 503 at once on SIGTERM
 
     # --- lifecycle ----------------------------------------------------------
     async def startup(self) -> None:
@@ -107,6 +114,7 @@ class App:
 
     def begin_shutdown(self) -> None:
         """Answer parked waiters (503) so that a stop is prompt."""
+        self.shutting_down = True
         self.services.waiters.shut()
 
     async def shutdown(self) -> None:

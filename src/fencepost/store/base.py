@@ -144,6 +144,11 @@ class Store(Protocol):
     async def ping(self) -> None:
         """Raise StoreUnavailable unless the store answers."""
 
+    async def check_ready(self) -> None:
+        """Raise StoreUnavailable unless the store answers and takes writes: its
+        file is the one it opened, and the last write batch did not fail (or a
+        write probe has committed since). Cheap: one read, no write."""
+
     def add_freed_listener(self, listener: FreedListener) -> None:
         """Call `listener` (on the event loop) after a commit that may free a lock."""
 

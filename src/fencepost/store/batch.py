@@ -124,8 +124,10 @@ class BatchWriter:
         publish: Callable[[list[Any]], None],
         name: str = "writer",
         exclusive: bool = True,
+        on_failure: Callable[[str], None] | None = None,
     ) -> None:
         self._engine = engine
+        self._on_failure = on_failure
         self._exclusive = exclusive
         self._publish = publish
         self._name = name
@@ -230,6 +232,8 @@ class BatchWriter:
             )
             outcomes = [(job, None, failure) for job in batch]
             events = []
+            if self._on_failure is not None:
+                self._on_failure(failure.message)
         self._deliver(outcomes, events)
 
     def _attempt(

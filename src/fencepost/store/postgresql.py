@@ -5,8 +5,9 @@ batch transaction first takes one transaction-scoped advisory lock, so batches
 from all replicas are serialised exactly as SQLite serialises its writers: the
 read-decide-write of every operation is atomic across the deployment, and no
 two batches can deadlock. The database's clock, read once per batch and
-advanced by the local monotonic clock within it, judges every expiry, so a
-replica with a skewed wall clock never decides anything by it.
+advanced by the local steady clock (clock.steady_ns) after it, judges every
+expiry, so a replica with a skewed or stepped wall clock never decides
+anything by it.
 
 Replicas hear about freed locks and slots through LISTEN/NOTIFY; waiters also
 re-check every second in case a notification is lost.
@@ -19,7 +20,6 @@ import contextlib
 import json
 import sys
 import threading
-import time
 from functools import lru_cache
 from typing import Any, Callable, ContextManager, Iterator
 from urllib.parse import urlsplit, urlunsplit
@@ -27,7 +27,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-from fencepost.clock import wall_clock_ms
+from fencepost.clock import steady_ns, wall_clock_ms
 from fencepost.errors import StoreUnavailable
 from fencepost.store.base import Freed
 from fencepost.store.batch import Cursor
@@ -43,6 +43,14 @@ CONNECT_TIMEOUT_S = 2
 SESSION_OPTIONS = (
     "-c statement_timeout=5000 -c lock_timeout=5000 -c idle_in_transaction_session_timeout=15000"
 )
+# SQLSTATE classes that say the database cannot take the batch now: connection
+# exceptions, insufficient resources (disk full, out of memory), operator
+# intervention (shutting down, recovering), system errors (I/O), internal
+# errors (corruption). A database that refuses writes (a read-only standby, or
+# default_transaction_read_only) answers 25006. Each fails the batch whole
+# with 503 store_unavailable, never a 500.
+_UNUSABLE_CLASSES = {"08", "53", "57", "58", "XX"}
+_READ_ONLY_TRANSACTION = "25006"
 _CLOCK = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 # Without parameters psycopg sends the simple protocol, which carries two
 # statements in one round trip; the key is a constant of ours, not input.
@@ -118,7 +126,11 @@ class PostgresEngine:
         self.url = libpq_url(url)
         self.clock_ms = clock_ms
         self.application_name = application_name  # names the replica (sql/replicas.py)
-        self.offset_ms = 0  # database clock minus local wall clock, as last seen
+        # The database clock as last read, and the local steady instant of
+        # that reading: between batches, time runs on by the steady clock, so
+        # a step of this machine's wall clock moves nothing. One tuple,
+        # replaced whole, as the writer and the readers each set it.
+        self.seen: tuple[int, int] = (wall_clock_ms(), steady_ns())
 
     def connect(self) -> _Connection:
         conn = _Connection.connect(
@@ -134,11 +146,11 @@ class PostgresEngine:
         cur.nextset()  # past BEGIN's result to the clock's
         row = cur.fetchone()
         assert row is not None
-        db_ms, started = int(row[0]), time.monotonic()
-        self.offset_ms = db_ms - wall_clock_ms()
+        db_ms, started = int(row[0]), steady_ns()
+        self.seen = (db_ms, started)
         if self.clock_ms is not None:  # a test drives time
             return self.clock_ms
-        return lambda: db_ms + int((time.monotonic() - started) * 1000)
+        return lambda: db_ms + (steady_ns() - started) // 1_000_000
 
     def execute(self, conn: _Connection, sql: str, params: tuple[Any, ...]) -> Cursor:
         if conn.pipe is not None:
@@ -167,7 +179,16 @@ class PostgresEngine:
         )
 
     def fatal(self, exc: BaseException) -> bool:
-        return isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError))
+        if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
+            return True
+        sqlstate = getattr(exc, "sqlstate", None) or ""
+        return sqlstate == _READ_ONLY_TRANSACTION or sqlstate[:2] in _UNUSABLE_CLASSES
+
+    def now_ms(self) -> int:
+        if self.clock_ms is not None:
+            return self.clock_ms()
+        db_ms, at = self.seen
+        return db_ms + (steady_ns() - at) // 1_000_000
 
     def broken(self, conn: psycopg.Connection[Any]) -> bool:
         return bool(conn.closed or conn.broken)
@@ -259,6 +280,7 @@ class PostgresStore(SqlStore):
         await super().close()
 
     async def now_ms(self) -> int:
-        """The database's clock as last seen, for decisions outside a transaction
-        (key expiry); lease and slot expiry are judged inside the batch."""
-        return wall_clock_ms() + self._engine.offset_ms
+        """The database's clock as last seen, advanced by the monotonic clock,
+        for decisions outside a transaction (key expiry); lease and slot expiry
+        are judged inside the batch."""
+        return self._engine.now_ms()

@@ -14,6 +14,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 from fencepost.core.keys import hash_secret, new_secret
 from fencepost.core.leases import AcquireRequest, Lease
 from fencepost.core.slots import PoolConfig, Slot
+from fencepost.errors import StoreUnavailable
 from fencepost.store.base import (
     AcquireResult,
     ForceReleased,
@@ -26,12 +27,16 @@ from fencepost.store.base import (
     SlotReport,
 )
 from fencepost.store.batch import BatchWriter, Engine, Tx
-from fencepost.store.sql import keys, locks, pools
+from fencepost.store.health import WriteHealth, probe_writes
+from fencepost.store.sql import fencing, keys, locks, pools
 from fencepost.store.sql.known_leases import KnownLeases
 from fencepost.store.sql.replicas import Liveness, Place
 
 T = TypeVar("T")
 
+# While nothing else writes, a write probe this often keeps /readyz truthful
+# about writes (a full disk, a database that turned read-only).
+WRITE_PROBE_EVERY_MS = 1_000
 # Why a lease ended is kept this long, so a late renewal learns the reason.
 ENDED_LEASE_MEMORY_MS = 24 * 3_600_000
 _PRUNE_EVERY_MS = 60_000
@@ -50,7 +55,8 @@ class SqlStore:
         # the backend tells which replicas died (see sql/replicas.py).
         self._liveness = liveness
         self._listeners: list[FreedListener] = []
-        self._writer = BatchWriter(engine, self._publish)
+        self.health = WriteHealth()
+        self._writer = BatchWriter(engine, self._publish, on_failure=self.health.failed)
         # Reads run on their own connections, so a GET never queues behind a
         # write batch (nor, on PostgreSQL, behind other replicas' batches).
         self._readers = [
@@ -61,6 +67,7 @@ class SqlStore:
         self._pepper = b""
         self._known = KnownLeases()  # the writer thread's alone
         self._last_prune_ms = 0
+        self._last_probe_ms = 0
 
     def _read(self, fn: Callable[[Tx], T]) -> Awaitable[T]:
         return next(self._next_reader).run(fn)
@@ -72,6 +79,7 @@ class SqlStore:
             reader.start()
         self._pepper = (await self._writer.run(keys.load_pepper)).encode()
         await self._writer.run(self._liveness.register)
+        await self._writer.run(fencing.floor_at_clock)
 
     def _place(self, alive_ms: int) -> Place:
         return Place(self._liveness.replica, alive_ms)
@@ -82,6 +90,20 @@ class SqlStore:
 
     async def ping(self) -> None:
         await self._read(lambda tx: tx.execute("SELECT 1").fetchone())
+
+    def lost(self) -> str | None:
+        """Why the store can no longer be trusted in this process (its file
+        deleted or replaced), or None."""
+        return None
+
+    async def check_ready(self) -> None:
+        lost = self.lost()
+        if lost is not None:
+            raise StoreUnavailable(f"The store file is lost ({lost}); restart the server.")
+        failure = self.health.failure
+        if failure is not None:
+            raise StoreUnavailable(f"The last write failed: {failure}")
+        await self.ping()
 
     def add_freed_listener(self, listener: FreedListener) -> None:
         self._listeners.append(listener)
@@ -203,7 +225,10 @@ class SqlStore:
 
     # --- background ------------------------------------------------------------
     async def reap(self) -> int:
+        probed: int | None = None  # failures counted when the probe was written
+
         def op(tx: Tx) -> int:
+            nonlocal probed
             forget_before = None
             if tx.now_ms - self._last_prune_ms >= _PRUNE_EVERY_MS:
                 self._last_prune_ms = tx.now_ms
@@ -212,6 +237,13 @@ class SqlStore:
                 # A dead replica's waiters leave every line at once (SPEC §7.4).
                 locks.drop_waiters_of(tx, dead)
                 pools.drop_waiters_of(tx, dead)
+            if not (0 <= tx.now_ms - self._last_probe_ms < WRITE_PROBE_EVERY_MS):
+                self._last_probe_ms = tx.now_ms
+                probe_writes(tx)
+                probed = self.health.failures
             return locks.reap(tx, self._known, forget_before) + pools.reap(tx)
 
-        return await self._writer.run(op)
+        reaped = await self._writer.run(op)
+        if probed is not None:  # it committed: writes work (again)
+            self.health.succeeded(probed)
+        return reaped

@@ -4,15 +4,25 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import sys
 from pathlib import Path
 from typing import Any, Callable, ContextManager
 
-from fencepost.clock import wall_clock_ms
+from fencepost.clock import SteadyClock
 from fencepost.errors import StoreUnavailable
 from fencepost.store.batch import Cursor
+from fencepost.store.file_guard import FileGuard
 from fencepost.store.migrate import apply_migrations
 from fencepost.store.sql.replicas import OneProcess
 from fencepost.store.sql_store import DEFAULT_READERS, SqlStore
+
+# Result codes (the low byte of an extended code) that say the file cannot be
+# used as it is: corrupt or not a database, I/O error, full disk, read-only,
+# cannot open, lock protocol broken, permission, file too large. A batch that
+# meets one fails whole with 503 store_unavailable, never a 500.
+_UNUSABLE = {3, 8, 10, 11, 13, 14, 15, 22, 26}
+# A wall clock this far from the server's is a step, not rounding: logged.
+WALL_STEP_NOTICE_MS = 1_000
 
 
 class SqliteEngine:
@@ -24,6 +34,7 @@ class SqliteEngine:
     def __init__(self, path: str, clock_ms: Callable[[], int]) -> None:
         self.path = path
         self.clock_ms = clock_ms
+        self.guard = FileGuard(path)
 
     def connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -40,6 +51,7 @@ class SqliteEngine:
         # IMMEDIATE takes the write lock now, so a `fencepost project create`
         # in another process waits instead of failing mid-batch. Readers take a
         # WAL snapshot and never block the writer.
+        self._refuse_if_lost()
         conn.execute("BEGIN IMMEDIATE" if exclusive else "BEGIN")
         return self.clock_ms
 
@@ -49,9 +61,24 @@ class SqliteEngine:
     def commit(self, conn: sqlite3.Connection, events: list[Any]) -> None:
         # One process: events are published locally after the commit.
         conn.execute("COMMIT")
+        # Checked after the commit, so that a file lost at any moment before
+        # it is caught: the batch's callers then get 503, never a 2xx for a
+        # write into a file that is gone.
+        self.guard.check()
+        self._refuse_if_lost()
+
+    def _refuse_if_lost(self) -> None:
+        lost = self.guard.lost
+        if lost is not None:
+            raise StoreUnavailable(f"The store file is lost ({lost}); restart the server.")
 
     def fatal(self, exc: BaseException) -> bool:
-        return isinstance(exc, sqlite3.OperationalError)
+        if isinstance(exc, sqlite3.OperationalError):
+            return True
+        code = getattr(exc, "sqlite_errorcode", None)
+        return isinstance(exc, sqlite3.DatabaseError) and code is not None and (
+            code & 0xFF in _UNUSABLE
+        )
 
     def broken(self, conn: sqlite3.Connection) -> bool:
         return False
@@ -64,14 +91,24 @@ class SqliteStore(SqlStore):
     url_scheme = "sqlite"
 
     def __init__(
-        self, path: str, clock_ms: Callable[[], int] = wall_clock_ms, readers: int = DEFAULT_READERS
+        self,
+        path: str,
+        clock_ms: Callable[[], int] | None = None,
+        readers: int = DEFAULT_READERS,
     ) -> None:
         self.path = path
-        self._clock_ms = clock_ms
-        super().__init__(SqliteEngine(path, clock_ms), OneProcess(), readers)
+        # One clock for every expiry decision and stamped instant, immune to
+        # wall-clock steps while the server runs (see SteadyClock).
+        self._clock_ms = clock_ms or SteadyClock()
+        self._engine = SqliteEngine(path, self._clock_ms)
+        self._told_drift_ms = 0
+        super().__init__(self._engine, OneProcess(), readers)
 
     async def open(self) -> None:
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        # What the files are is learnt afresh: a store closed and opened again
+        # has new -wal and -shm files (the last close removes them).
+        self._engine.guard = FileGuard(self.path)
         try:
             await asyncio.to_thread(apply_migrations, f"sqlite:///{self.path}", "sqlite")
             await self._start()
@@ -80,3 +117,23 @@ class SqliteStore(SqlStore):
 
     async def now_ms(self) -> int:
         return self._clock_ms()
+
+    def lost(self) -> str | None:
+        return self._engine.guard.check()
+
+    async def reap(self) -> int:
+        self._notice_wall_clock_step()
+        return await super().reap()
+
+    def _notice_wall_clock_step(self) -> None:
+        """Say once in the log when the wall clock stepped away from the
+        server's clock: what the server stamps now differs from `date`."""
+        if not isinstance(self._clock_ms, SteadyClock):
+            return
+        drift = self._clock_ms.drift_ms()
+        if abs(drift - self._told_drift_ms) >= WALL_STEP_NOTICE_MS:
+            self._told_drift_ms = drift
+            print(f"fencepost: the wall clock is {drift / 1000:+.1f} s from the server's clock; "
+                  "leases keep their times; a restart adopts the wall clock",
+                  file=sys.stderr, flush=True)
+

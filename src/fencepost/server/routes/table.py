@@ -212,9 +212,21 @@ ROUTES: tuple[RouteSpec, ...] = (
         responses=((200, schemas.WhoAmI, "The key's project, ID and role."),),
     ),
     RouteSpec(
-        "GET", "/healthz", system.healthz, "getHealth", "Health", None,
-        responses=((200, schemas.Health, "The store answers."),),
-        errors=(StoreUnavailable,),
+        "GET", "/livez", system.livez, "getLiveness",
+        "Liveness: the process serves (never asks the store)", None,
+        responses=((200, schemas.Health, "The process serves."),),
+    ),
+    RouteSpec(
+        "GET", "/readyz", system.readyz, "getReadiness",
+        "Readiness: the store answers and takes writes", None,
+        responses=((200, schemas.Health, "Ready."),),
+        errors=(StoreUnavailable, ShuttingDown),
+    ),
+    RouteSpec(
+        "GET", "/healthz", system.healthz, "getHealth", "Readiness (the old name of /readyz)",
+        None,
+        responses=((200, schemas.Health, "Ready."),),
+        errors=(StoreUnavailable, ShuttingDown),
     ),
     RouteSpec(
         "GET", "/openapi.json", system.openapi, "getOpenApiDocument", "This document", None,

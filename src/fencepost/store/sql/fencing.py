@@ -53,3 +53,18 @@ def _store(tx: Tx) -> None:
     counter = tx.batch.shared[_NAME]
     if counter.issued > counter.stored:
         tx.execute("UPDATE counters SET value = ? WHERE name = 'fencing'", (counter.issued,))
+
+
+def floor_at_clock(tx: Tx) -> int:
+    """Raise the counter to the store clock in microseconds (SPEC §7.8), and
+    return it. Run when a store opens (each PostgreSQL replica, as it starts):
+    a store restored from an older copy then never reissues a token it had
+    issued before the copy was superseded, as long as it granted fewer than a
+    million leases a second. Today's microseconds (~1.8e15) stay far below
+    2^53 (~9e15), the limit every JSON reader gets exactly, until the 2250s."""
+    floor = tx.now_ms * 1000
+    tx.execute(
+        "UPDATE counters SET value = ? WHERE name = 'fencing' AND value < ?", (floor, floor)
+    )
+    row = tx.execute("SELECT value FROM counters WHERE name = 'fencing'").fetchone()
+    return int(row[0])

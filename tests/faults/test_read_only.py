@@ -1,0 +1,110 @@
+"""A store that refuses writes under a running server: every write gets 503
+store_unavailable (never a 2xx it did not store, never a 500) and /readyz turns
+off; both come back once writes are allowed again (SPEC §7.8).
+
+SQLite: the store's files made immutable (chattr +i); chmod would not do, as
+a process that already has a file open keeps writing it, and root ignores file
+modes. PostgreSQL: the database set to read-only and its sessions ended, so
+the replica's next sessions are read-only."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Callable, Iterator
+
+import psycopg
+import pytest
+
+from pg_support import ADMIN_URL, temporary_database
+from support import ServerProcess, new_token, unique_name
+
+from .conftest import ROUNDS, acquire, assert_unavailable, get, grant_some, missing, wait_for
+
+
+def chattr(flag: str, *files: Path) -> None:
+    done = subprocess.run(["chattr", flag, *map(str, files)], capture_output=True, text=True,
+                          timeout=30)
+    if done.returncode != 0:
+        # The filesystem (an overlay, say) has no immutable flag: that is the
+        # machine refusing the fault, as a refused mount is.
+        pytest.skip(f"chattr {flag} is refused here: {done.stderr.strip()}")
+
+
+@pytest.fixture
+def immutable() -> Iterator[Callable[[list[Path]], None]]:
+    """Make files immutable; every one is made mutable again afterwards, so
+    the test's folder can be removed."""
+    if shutil.which("chattr") is None:
+        missing("chattr (e2fsprogs)")
+    made: list[Path] = []
+
+    def freeze(files: list[Path]) -> None:
+        made.extend(files)
+        chattr("+i", *files)
+
+    yield freeze
+    if made:
+        subprocess.run(["chattr", "-i", *map(str, made)], capture_output=True, timeout=30)
+
+
+def test_an_immutable_sqlite_store_refuses_writes(
+    servers: Callable[..., ServerProcess], immutable: Callable[[list[Path]], None]
+) -> None:
+    server = servers("server")
+    files = [Path(f"{server.db_path}{suffix}") for suffix in ("", "-wal")]
+    granted = grant_some(server, 3)
+    for _ in range(ROUNDS):
+        immutable(files)
+        assert_unavailable(acquire(server, unique_name("refused"), new_token()))
+        wait_for(lambda: get(server, "/readyz").status_code == 503, "/readyz to turn off")
+        assert get(server, "/livez").status_code == 200
+        chattr("-i", *files)
+        wait_for(lambda: get(server, "/readyz").status_code == 200, "/readyz to come back")
+        granted += grant_some(server, 3)
+    assert "Traceback" not in server.stderr_path.read_text()
+    server.stop()
+    again = servers("server")
+    with again.client() as c:
+        for key, token in granted:
+            assert c.get(f"/v1/locks/{key}").json()["fencing_token"] == token
+
+
+def set_read_only(url: str, on: bool) -> None:
+    name = url.rsplit("/", 1)[1]
+    with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+        admin.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = {on}')
+        # Sessions keep the setting they began with: end them, as a failover does.
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = %s AND pid <> pg_backend_pid()", (name,))
+
+
+def test_a_postgresql_database_that_refuses_writes_gets_503(
+    servers: Callable[..., ServerProcess],
+) -> None:
+    with temporary_database() as url:
+        replica = servers("replica", store=url)
+        granted = grant_some(replica, 3)
+        for _ in range(ROUNDS):
+            set_read_only(url, True)
+
+            def refused_as_read_only() -> bool:
+                # Every answer is a 503: first for the ended sessions, then
+                # for the read-only ones.
+                resp = acquire(replica, unique_name("refused"), new_token())
+                assert_unavailable(resp)
+                return "read-only" in resp.text
+
+            wait_for(refused_as_read_only, "writes to be refused as read-only")
+            wait_for(lambda: get(replica, "/readyz").status_code == 503, "/readyz to turn off")
+            assert get(replica, "/livez").status_code == 200
+            set_read_only(url, False)
+            wait_for(lambda: get(replica, "/readyz").status_code == 200, "/readyz to come back")
+            granted += grant_some(replica, 3)
+        with replica.client() as c:
+            for key, token in granted:
+                assert c.get(f"/v1/locks/{key}").json()["fencing_token"] == token
+        assert "Traceback" not in replica.stderr_path.read_text()
+        replica.stop()
