@@ -99,7 +99,7 @@ def test_sqlite_errors_that_mean_the_file_is_unusable_are_fatal(tmp_path: Path) 
 
 
 def test_postgresql_errors_that_mean_the_database_refuses_are_fatal() -> None:
-    engine = PostgresEngine("postgresql://nobody@127.0.0.1:1/none", None)
+    engine = PostgresEngine("postgresql://nobody@127.0.0.1:1/none", None, "fencepost/test")
     assert engine.fatal(psycopg.errors.ReadOnlySqlTransaction("read-only"))
     assert engine.fatal(psycopg.errors.DiskFull("no space"))
     assert engine.fatal(psycopg.errors.AdminShutdown("bye"))
