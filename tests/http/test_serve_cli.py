@@ -19,7 +19,15 @@ from typing import Any, Callable, Iterator
 import httpx
 import pytest
 
-from support import BOOTSTRAP_KEY, ServerProcess, free_port, lock_headers, new_token, unique_name
+from support import (
+    BOOTSTRAP_KEY,
+    ServerProcess,
+    free_port,
+    lock_headers,
+    new_token,
+    track,
+    unique_name,
+)
 
 MakeServer = Callable[..., ServerProcess]
 
@@ -154,11 +162,11 @@ def test_configured_bootstrap_key_is_never_printed(fresh_server: ServerProcess) 
 def test_short_bootstrap_key_is_refused(tmp_path: Path, length: int) -> None:
     short = "s" * (length - 1) + "Z"
     port = free_port()
-    proc = subprocess.Popen(
+    proc = track(subprocess.Popen(
         [sys.executable, "-m", "fencepost", "serve", "--store", f"sqlite:///{tmp_path}/fp.db",
          "--host", "127.0.0.1", "--port", str(port)],
         env=clean_env(FENCEPOST_BOOTSTRAP_KEY=short), cwd=tmp_path,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     try:
         out, err = proc.communicate(timeout=20)
     except subprocess.TimeoutExpired:
@@ -198,8 +206,8 @@ def test_env_vars_configure_the_server(tmp_path: Path, store_form: str) -> None:
                     FENCEPOST_ACCESS_LOG=str(log))
     out_path, err_path = tmp_path / "out", tmp_path / "err"
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "fencepost", "serve"], cwd=cwd, env=env,
-                                stdout=out, stderr=err)
+        proc = track(subprocess.Popen([sys.executable, "-m", "fencepost", "serve"], cwd=cwd,
+                                      env=env, stdout=out, stderr=err))
     try:
         wait_healthy(f"http://127.0.0.1:{port}", proc)
         name = unique_name("env")
@@ -222,9 +230,9 @@ def test_defaults_are_port_7440_and_fencepost_db_in_cwd(tmp_path: Path) -> None:
     if not port_is_closed(7440):
         pytest.skip("something else listens on 127.0.0.1:7440")
     with open(tmp_path / "err", "wb") as err_file:
-        proc = subprocess.Popen([sys.executable, "-m", "fencepost", "serve"], cwd=tmp_path,
-                                env=clean_env(FENCEPOST_BOOTSTRAP_KEY=BOOTSTRAP_KEY),
-                                stdout=subprocess.DEVNULL, stderr=err_file)
+        proc = track(subprocess.Popen([sys.executable, "-m", "fencepost", "serve"], cwd=tmp_path,
+                                      env=clean_env(FENCEPOST_BOOTSTRAP_KEY=BOOTSTRAP_KEY),
+                                      stdout=subprocess.DEVNULL, stderr=err_file))
     try:
         wait_healthy("http://127.0.0.1:7440", proc)
         name = unique_name("default")
