@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
-from typing import Any, Coroutine
+from typing import Any, Callable, Coroutine
 
 from fencepost.server.app import App
 from fencepost.server.proxies import TrustedProxies
@@ -16,13 +16,15 @@ GRACEFUL_SHUTDOWN_S = 10.0
 _POLL_S = 0.02
 
 
-def serve(app: App, host: str, port: int, trusted_proxies: list[str] | None = None) -> None:
-    """Run until SIGTERM/SIGINT (exit 0 after a graceful stop); exit 1 when the
-    store cannot be opened or the address cannot be bound. X-Forwarded-For is
-    believed only from `trusted_proxies`."""
+def serve(app: App, host: str, port: int, trusted_proxies: list[str] | None = None,
+          on_ready: Callable[[int], None] | None = None) -> None:
+    """Run until SIGTERM/SIGINT (exit 0 after a graceful stop); exit 1, after one
+    line on stderr, when the address cannot be bound or the store cannot be
+    opened. `on_ready(port)` is called once the server listens with its store
+    open, never before. X-Forwarded-For is believed only from `trusted_proxies`."""
     proxies = TrustedProxies(list(trusted_proxies or []))
     try:
-        ok = _run(_serve(app, host, port, proxies))
+        ok = _run(_serve(app, host, port, proxies, on_ready))
     except KeyboardInterrupt:  # a second Ctrl-C while stopping
         ok = True
     if not ok:
@@ -37,22 +39,42 @@ def _run(main: Coroutine[Any, Any, bool]) -> bool:
     return uvloop.run(main)
 
 
-async def _serve(app: App, host: str, port: int, proxies: TrustedProxies) -> bool:
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split())  # a driver's message may span lines
+
+
+async def _serve(app: App, host: str, port: int, proxies: TrustedProxies,
+                 on_ready: Callable[[int], None] | None) -> bool:
     loop = asyncio.get_running_loop()
+    connections = Connections(app, app.handle, app.refuse, proxies)
+    # The address first: a busy port must fail before the store is opened (and,
+    # on an empty store, before a bootstrap key is made). Connections are
+    # accepted only once the store is open.
+    try:
+        server = await loop.create_server(
+            connections.protocol, host, port, reuse_address=True, backlog=2048,
+            start_serving=False,
+        )
+    except OSError as exc:
+        print(f"fencepost: cannot listen on {host}:{port}: {_one_line(exc.strerror or exc)}",
+              file=sys.stderr)
+        return False
     try:
         await app.startup()
     except Exception as exc:  # noqa: BLE001 - reported in one line, no traceback
-        print(f"fencepost: cannot start: {exc}", file=sys.stderr)
+        server.close()
+        print(f"fencepost: cannot start: {_one_line(exc)}", file=sys.stderr)
         return False
-    connections = Connections(app, app.handle, app.refuse, proxies)
     try:
-        server = await loop.create_server(
-            connections.protocol, host, port, reuse_address=True, backlog=2048
-        )
+        await server.start_serving()
     except OSError as exc:
-        print(f"fencepost: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
+        server.close()
         await app.shutdown()
+        print(f"fencepost: cannot listen on {host}:{port}: {_one_line(exc.strerror or exc)}",
+              file=sys.stderr)
         return False
+    if on_ready is not None:
+        on_ready(int(server.sockets[0].getsockname()[1]))
 
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

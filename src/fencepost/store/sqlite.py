@@ -70,7 +70,9 @@ class SqliteStore(SqlStore):
         super().__init__(SqliteEngine(path, clock_ms), readers)
 
     async def open(self) -> None:
-        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        if not Path(self.path).parent.is_dir():  # a mistyped path must not start an empty store
+            raise StoreUnavailable(f"Cannot open the SQLite store at {self.path}: "
+                                   f"the folder {Path(self.path).parent} does not exist.")
         try:
             await asyncio.to_thread(apply_migrations, f"sqlite:///{self.path}", "sqlite")
             await self._start()
