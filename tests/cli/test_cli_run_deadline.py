@@ -206,3 +206,22 @@ def test_a_grant_after_a_long_wait_is_timed_from_a_fresh_renewal(
             proc.communicate()
     assert proc.returncode == 0, stderr
     assert finished.read_text().strip() == "done"
+
+
+def test_a_grace_that_does_not_fit_in_the_pools_term_is_refused_before_cmd(
+        server: ServerProcess, admin_env: dict[str, str], member_env: dict[str, str],
+        tmp_path: Path) -> None:
+    pool = unique_name("pool")
+    assert fp("pool", "set", pool, "--limit", "1", "--term-ms", "3000",
+              env=admin_env).returncode == 0
+    marker = tmp_path / "ran"
+    out = fp("run", "--pool", pool, "--grace", "2", "--", "touch", str(marker), env=member_env)
+    assert_clean_failure(out, 2)
+    assert "--grace 2 does not fit" in out.stderr and pool in out.stderr, out.stderr
+    assert not marker.exists(), "CMD ran"
+    with server.client() as c:
+        assert c.get(f"/v1/pools/{pool}").json()["in_use"] == 0, "the slot was not released"
+    # What fits runs.
+    ok = fp("run", "--pool", pool, "--grace", "0.5", "--", "touch", str(marker), env=member_env)
+    assert ok.returncode == 0, ok.stderr
+    assert marker.exists()

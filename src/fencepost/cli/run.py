@@ -24,6 +24,7 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
@@ -54,6 +55,7 @@ EX_TEMPFAIL = 75
 # An acquire answered later than this after it was sent (it waited in line) is
 # followed at once by a renewal: only a send time bounds the lease's end.
 SLOW_GRANT_S = 1.0
+MIN_REQUEST_TIMEOUT_S = 1.0
 
 
 def _renews_a_lease(call: Call[Any]) -> bool:
@@ -67,7 +69,7 @@ class _WatchedClient(AsyncClient):
     """A client that reports when each lease renewal that succeeded was sent (its
     first attempt, since a retry may be answered from the first one's result)."""
 
-    on_renewed: Any = None  # Callable[[float], None]
+    on_renewed: Callable[[float], None] | None = None
     _first_sent: dict[str, float] | None = None
 
     async def _attempt(self, call: Call[T]) -> T:
@@ -155,10 +157,12 @@ async def run(ctx: Ctx, lock_key: str | None, pool_name: str | None, ttl: int, w
         except ValueError as exc:
             raise CliFailure(f"{exc}; raise --ttl or lower --grace.", ExitCode.USAGE) from None
         # Three renewals between a grant and the stop, and no renewal waits for
-        # its answer longer than the time between two.
+        # its answer longer than the time between two (or 1 s), so a lost one
+        # is retried in time. The stop itself never waits for a renewal.
         renew_every = (ttl - grace - margin_for(ttl)) / 3
+    timeout = None if renew_every is None else max(renew_every, MIN_REQUEST_TIMEOUT_S)
     runner = _Runner(ctx, list(command), grace, ttl)
-    client = ctx.client(timeout=renew_every, cls=_WatchedClient)
+    client = ctx.client(timeout=timeout, cls=_WatchedClient)
     async with client:
         assert isinstance(client, _WatchedClient)
         client.on_renewed = runner.renewed
