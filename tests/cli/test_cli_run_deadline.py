@@ -9,7 +9,10 @@ time is `fencepost run`'s own schedule."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -106,6 +109,27 @@ def fake_server(request: pytest.FixtureRequest) -> Iterator[FakeServer]:
     server.server_close()
 
 
+def start_run(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
+    return track(subprocess.Popen(
+        [sys.executable, "-m", "fencepost", "run", *args], env=env, text=True,
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        start_new_session=True))
+
+
+def finish(proc: subprocess.Popen[str], pids: Path) -> str:
+    """`fencepost run`'s stderr once it exits; on the way out of a failed test,
+    kill it and CMD's group (CMD ignores SIGTERM and would hold the pipes open)."""
+    try:
+        return proc.communicate(timeout=30)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if pids.exists() and pids.read_text().split():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(int(pids.read_text().split()[0]), signal.SIGKILL)
+        proc.communicate()
+
+
 def running(pid: int) -> bool:
     """Whether `pid` is a live process (a zombie waiting to be reaped is dead)."""
     try:
@@ -123,11 +147,8 @@ def test_cmd_is_dead_before_the_lease_can_expire(fake_server: FakeServer,
     # group, in time, gets both.
     script = f'trap "" TERM; sleep 300 & echo "$$ $!" > {pids}; while true; do sleep 0.1; done'
     env = cli_env(FENCEPOST_URL=fake_server.url, FENCEPOST_API_KEY="fp_fake_key")
-    proc = track(subprocess.Popen(
-        [sys.executable, "-m", "fencepost", "run", "--lock", unique_name(), "--ttl", "6",
-         "--grace", "1", "--", "sh", "-c", script],
-        env=env, text=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, start_new_session=True))
+    proc = start_run("--lock", unique_name(), "--ttl", "6", "--grace", "1", "--",
+                     "sh", "-c", script, env=env)
     try:
         shell_pid, child_pid = map(int, wait_for_file(pids).split())
         expires_at = fake_server.expires_at
@@ -137,11 +158,8 @@ def test_cmd_is_dead_before_the_lease_can_expire(fake_server: FakeServer,
         time.sleep(max(0.0, expires_at - time.time()))
         assert not running(shell_pid), "CMD outlived its lease"
         assert not running(child_pid), "CMD's child outlived the lease"
-        _, stderr = proc.communicate(timeout=30)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        stderr = finish(proc, pids)
     assert proc.returncode == 4, stderr
     assert "could not be renewed" in stderr and "killing it" in stderr, stderr
     assert "Traceback" not in stderr
@@ -225,3 +243,29 @@ def test_a_grace_that_does_not_fit_in_the_pools_term_is_refused_before_cmd(
     ok = fp("run", "--pool", pool, "--grace", "0.5", "--", "touch", str(marker), env=member_env)
     assert ok.returncode == 0, ok.stderr
     assert marker.exists()
+
+
+def test_cmd_is_dead_before_its_slot_reaches_the_request_deadline(
+        server: ServerProcess, admin_env: dict[str, str], member_env: dict[str, str],
+        tmp_path: Path) -> None:
+    # Renewals succeed but cannot carry a slot past its request deadline: CMD
+    # must be gone by then, or the pool would admit one holder too many.
+    pool = unique_name("pool")
+    assert fp("pool", "set", pool, "--limit", "1", "--term-ms", "3000",
+              "--request-timeout-ms", "5000", env=admin_env).returncode == 0
+    pids = tmp_path / "pids"
+    # CMD notes when it starts: the slot was granted before that, so its request
+    # deadline is at most 5 s later (a few milliseconds of leeway for the test).
+    script = (f'date +%s.%N > {pids}.start; trap "" TERM; sleep 300 & echo "$$ $!" > {pids}; '
+              'while true; do sleep 0.1; done')
+    proc = start_run("--pool", pool, "--", "sh", "-c", script, env=member_env)
+    try:
+        shell_pid, child_pid = map(int, wait_for_file(pids).split())
+        request_deadline = float(Path(f"{pids}.start").read_text()) + 5
+        time.sleep(max(0.0, request_deadline - time.time()))
+        assert not running(shell_pid), "CMD outlived its slot"
+        assert not running(child_pid), "CMD's child outlived its slot"
+    finally:
+        stderr = finish(proc, pids)
+    assert proc.returncode == 4, stderr
+    assert "reaches its deadline" in stderr, stderr

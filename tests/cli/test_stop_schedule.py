@@ -41,8 +41,10 @@ def test_grace_must_leave_room_for_renewals() -> None:
     assert choose_grace(None, 60, MIN_LOCK_WINDOW_S) == DEFAULT_GRACE_S
     # The default shrinks to fit a short lease; it is never negative.
     assert choose_grace(None, 6, MIN_LOCK_WINDOW_S) == pytest.approx(6 - 1.006 - 1.5)
-    assert choose_grace(None, 1, 2.0) == 0
+    assert choose_grace(None, 5, MIN_LOCK_WINDOW_S) == pytest.approx(5 - 1.005 - 1.5)
     with pytest.raises(ValueError, match="at most 2.49 s fits"):
         choose_grace(3, 5, MIN_LOCK_WINDOW_S)
-    with pytest.raises(ValueError, match="no grace fits"):
-        choose_grace(0, 1, 2.0)
+    # A lease too short for its renewals fits no grace, not even the default.
+    for asked in (0, None):
+        with pytest.raises(ValueError, match="leaves no time"):
+            choose_grace(asked, 3, 2.5)

@@ -179,7 +179,6 @@ async def run(ctx: Ctx, lock_key: str | None, pool_name: str | None, ttl: int, w
         return await runner.run(client, hold, busy_exit_code)
 
 
-
 class _Runner:
     """Holds the lease, runs CMD, and relays signals between the two."""
 
@@ -275,7 +274,7 @@ class _Runner:
             try:
                 grace = choose_grace(self.grace, term_s, window)
             except ValueError as exc:
-                self.say(f"pool {hold.pool}: {exc}; lower --grace.", always=True)
+                self.say(f"pool {hold.pool}: {exc}.", always=True)
                 return int(ExitCode.USAGE)
             request_s = (grant.request_deadline - grant.lease_deadline) / 1000 + term_s
             self.schedule = StopSchedule(term_s, grace, sent, sent + request_s)
@@ -337,6 +336,9 @@ class _Runner:
             if loss is not None:
                 self.say(f"the lease was lost ({loss.reason}); stopping {self.argv[0]}",
                          always=True)
+            elif schedule.at_cap():
+                self.say(f"the lease reaches its deadline; stopping {self.argv[0]} before "
+                         "it ends", always=True)
             else:
                 self.say(f"the lease could not be renewed; stopping {self.argv[0]} before "
                          "it can expire", always=True)

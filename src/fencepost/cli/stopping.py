@@ -46,19 +46,20 @@ def room_for_grace(lease_s: float, window_s: float) -> float:
 
 def choose_grace(asked: float | None, lease_s: float, window_s: float) -> float:
     """The grace to use: the one asked for, or by default 10 s or less to fit.
-    Raises ValueError, saying what fits, when the asked grace does not fit."""
+    Raises ValueError, saying what fits, when the asked grace does not fit, or
+    when the lease leaves no room even without a grace."""
     room = room_for_grace(lease_s, window_s)
-    if asked is None:
-        return max(0.0, min(DEFAULT_GRACE_S, room))
-    if asked > room:
-        # Rounded down, so that the grace it suggests does fit.
-        fits = f"at most {math.floor(room * 100) / 100:g} s fits" if room >= 0 else "no grace fits"
-        raise ValueError(
-            f"--grace {asked:g} does not fit in a {lease_s:g} s lease ({fits}): CMD must be "
-            f"dead {margin_for(lease_s):.2f} s before the lease can expire, and renewals need "
-            f"{window_s:.2f} s before the stop begins"
-        )
-    return asked
+    if room >= 0 and asked is None:
+        return min(DEFAULT_GRACE_S, room)
+    if room >= 0 and asked is not None and asked <= room:
+        return asked
+    needs = (f"CMD must be dead {margin_for(lease_s):.2f} s before the lease can expire, "
+             f"and renewals need {window_s:.2f} s before the stop begins")
+    if room < 0:
+        raise ValueError(f"a {lease_s:g} s lease leaves no time to stop CMD safely: {needs}")
+    # Rounded down, so that the grace it suggests does fit.
+    raise ValueError(f"--grace {asked:g} does not fit in a {lease_s:g} s lease "
+                     f"(at most {math.floor(room * 100) / 100:g} s fits): {needs}")
 
 
 @dataclass(slots=True)
@@ -75,6 +76,10 @@ class StopSchedule:
     def granted(self, sent: float) -> None:
         """A grant or renewal sent at `sent` succeeded."""
         self.last_sent = max(self.last_sent, sent)
+
+    def at_cap(self) -> bool:
+        """Whether the cap, not the last renewal, ends the lease."""
+        return self.last_sent + self.lease_s >= self.cap
 
     def earliest_end(self) -> float:
         return min(self.last_sent + self.lease_s, self.cap)
