@@ -18,16 +18,15 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cli_support import assert_clean_failure, cli_env, fp
-from test_cli_run import wait_for_file
-
 from support import ServerProcess, lock_headers, new_token, track, unique_name
+from test_cli_run import wait_for_file
 
 
 def _stamp(moment: datetime) -> str:
@@ -72,7 +71,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_PUT(self) -> None:  # acquire
         self.server.requests.append(f"PUT {self.path}")
         body = self._body()
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         expires = now + timedelta(seconds=body["ttl_seconds"])
         self.server.expires_at = expires.timestamp()
         self._answer(201, {
