@@ -517,3 +517,19 @@ def test_project_create_refuses_a_postgresql_database_without_fencepost(tmp_path
             assert resp.status_code == 200 and resp.json()["project"] == "acme", resp.text
         finally:
             srv.stop()
+
+
+def test_project_create_on_a_missing_or_unreachable_postgresql_is_one_line() -> None:
+    import pg_support
+
+    name = f"fencepost_test_missing_{new_token()[:8]}"
+    for store, needle in [(pg_support.database_url(name), name),
+                          (f"postgresql://fp:s3cret-pw@127.0.0.1:{free_port()}/fp", "PostgreSQL")]:
+        for extra in ([], ["--create"]):
+            result = run_cli("project", "create", "acme", "--store", store, *extra,
+                             env=clean_env())
+            line = assert_one_line_refusal(result, needle)
+            assert "s3cret-pw" not in line
+    with pg_support._admin_connection() as admin:
+        assert admin.execute("SELECT 1 FROM pg_database WHERE datname = %s",
+                             (name,)).fetchone() is None, "the database was created"
