@@ -8,7 +8,26 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import pg_support  # noqa: E402
+import support  # noqa: E402
 from support import ServerProcess  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nothing_left_behind() -> Iterator[None]:
+    """Fail the run if a server the tests started is still running at the end of
+    the session, or a temporary PostgreSQL database was not dropped. Only what
+    this run started or made is checked (other runs may share the machine).
+    Set up first, so torn down last: after every other fixture's cleanup."""
+    yield
+    processes = support.leftover_processes()
+    support.kill_leftovers()
+    databases = pg_support.leftover_databases()
+    pg_support.drop_databases(databases)
+    problems = [f"still running: {p}" for p in processes]
+    problems += [f"temporary database not dropped: {d}" for d in databases]
+    if problems:
+        pytest.fail("the tests left things behind:\n" + "\n".join(problems), pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,9 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 ADMIN_URL = os.environ.get("FENCEPOST_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+# The databases this test run made: tests/conftest.py checks at the end of the
+# session that none is left (other test runs on the machine have their own).
+_MADE: list[str] = []
 
 
 def _admin_connection():  # type: ignore[no-untyped-def]
@@ -39,8 +42,25 @@ def temporary_database() -> Iterator[str]:
     name = f"fencepost_test_{uuid.uuid4().hex[:16]}"
     with _admin_connection() as admin:
         admin.execute(f'CREATE DATABASE "{name}"')
+    _MADE.append(name)
     try:
         yield database_url(name)
     finally:
+        drop_databases([name])
+
+
+def leftover_databases() -> list[str]:
+    """The databases made by `temporary_database` in this run that still exist."""
+    if not _MADE:
+        return []
+    with _admin_connection() as admin:
+        rows = admin.execute(
+            "SELECT datname FROM pg_database WHERE datname = ANY(%s)", (_MADE,)
+        ).fetchall()
+    return sorted(str(row[0]) for row in rows)
+
+
+def drop_databases(names: list[str]) -> None:
+    for name in names:
         with _admin_connection() as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

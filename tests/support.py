@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -28,6 +29,54 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
         pass
+
+
+# Every process the tests start that must not outlive the test run (servers,
+# mostly); tests/conftest.py fails the session if any is still alive at its end.
+# Each with whether it leads a process group of its own.
+_STARTED: list[tuple[subprocess.Popen[Any], bool]] = []
+
+
+def track(proc: subprocess.Popen[Any], own_group: bool = False) -> subprocess.Popen[Any]:
+    """Remember `proc` (started with `start_new_session=True` when `own_group`)
+    for the end-of-session leak check; returns it."""
+    _STARTED.append((proc, own_group))
+    return proc
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def leftover_processes() -> list[str]:
+    """The tracked processes still running, and process groups of tracked
+    processes started in a group of their own that still have a member (a
+    wrapper's child left behind, for example)."""
+    left = []
+    for proc, own_group in _STARTED:
+        if proc.poll() is None:
+            left.append(f"pid {proc.pid}: {' '.join(map(str, proc.args))}")
+        elif own_group and _group_alive(proc.pid):
+            left.append(f"process group {proc.pid} of: {' '.join(map(str, proc.args))}")
+    return left
+
+
+def kill_leftovers() -> None:
+    """SIGKILL what `leftover_processes` reports, so a failed check leaves no litter."""
+    for proc, own_group in _STARTED:
+        if own_group and _group_alive(proc.pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        elif proc.poll() is None:
+            proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
 
 
 def free_port() -> int:
@@ -96,11 +145,18 @@ class ServerProcess:
 
     def start(self, timeout: float = 20.0) -> "ServerProcess":
         self.spawn()
-        return self.wait_ready(timeout)
+        try:
+            return self.wait_ready(timeout)
+        except BaseException:
+            self.stop()  # never leave a server that did not come up running
+            raise
 
     def spawn(self) -> None:
         """Start the process without waiting. Call from the main thread: the
-        server is told to stop when the thread that started it ends."""
+        server is told to stop when the thread that started it ends. It runs in
+        a process group of its own, and every stop signals the whole group, so
+        that a wrapper in `command_prefix` that forks (`faketime` does) cannot
+        leave the real server behind."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         cmd = [
             *self.command_prefix,
@@ -118,7 +174,14 @@ class ServerProcess:
             stdout=open(self.stdout_path, "ab"),
             stderr=open(self.stderr_path, "ab"),
             preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            start_new_session=True,
         )
+        track(self.proc, own_group=True)
+
+    def _signal(self, sig: int) -> None:
+        assert self.proc is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
 
     def wait_ready(self, timeout: float = 20.0) -> "ServerProcess":
         assert self.proc is not None
@@ -138,22 +201,29 @@ class ServerProcess:
 
     def kill9(self) -> None:
         assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
+        self._signal(signal.SIGKILL)
         self.proc.wait(timeout=10)
 
     def terminate(self, timeout: float = 15.0) -> int:
         assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
+        self._signal(signal.SIGTERM)
         return self.proc.wait(timeout=timeout)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self._signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
+                self._signal(signal.SIGKILL)
                 self.proc.wait(timeout=5)
+        # Anything left in its group (a wrapper's child) goes too.
+        deadline = time.monotonic() + 5
+        while _group_alive(self.proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self._signal(signal.SIGKILL)
 
     def client(self, key: str | None = None, **kwargs: Any) -> httpx.Client:
         """An httpx client authenticated with `key` (the bootstrap admin key by default)."""

@@ -14,14 +14,16 @@ from pathlib import Path
 import httpx
 from cli_support import assert_clean_failure, fp
 
-from support import ServerProcess, unique_name
+from support import ServerProcess, track, unique_name
 
 
 def start(*args: str, env: dict[str, str]) -> subprocess.Popen[str]:
     """`fencepost run ...` in a session of its own (no controlling terminal)."""
-    return subprocess.Popen([sys.executable, "-m", "fencepost", *args], env=env, text=True,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)
+    return track(subprocess.Popen(
+        [sys.executable, "-m", "fencepost", *args], env=env, text=True,
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        start_new_session=True,
+    ))
 
 
 def wait_for_file(path: Path, timeout: float = 15) -> str:

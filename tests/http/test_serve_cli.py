@@ -19,7 +19,15 @@ from typing import Any, Callable, Iterator
 import httpx
 import pytest
 
-from support import BOOTSTRAP_KEY, ServerProcess, free_port, lock_headers, new_token, unique_name
+from support import (
+    BOOTSTRAP_KEY,
+    ServerProcess,
+    free_port,
+    lock_headers,
+    new_token,
+    track,
+    unique_name,
+)
 
 MakeServer = Callable[..., ServerProcess]
 
@@ -154,11 +162,11 @@ def test_configured_bootstrap_key_is_never_printed(fresh_server: ServerProcess) 
 def test_short_bootstrap_key_is_refused(tmp_path: Path, length: int) -> None:
     short = "s" * (length - 1) + "Z"
     port = free_port()
-    proc = subprocess.Popen(
+    proc = track(subprocess.Popen(
         [sys.executable, "-m", "fencepost", "serve", "--store", f"sqlite:///{tmp_path}/fp.db",
          "--host", "127.0.0.1", "--port", str(port)],
         env=clean_env(FENCEPOST_BOOTSTRAP_KEY=short), cwd=tmp_path,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     try:
         out, err = proc.communicate(timeout=20)
     except subprocess.TimeoutExpired:
@@ -198,8 +206,8 @@ def test_env_vars_configure_the_server(tmp_path: Path, store_form: str) -> None:
                     FENCEPOST_ACCESS_LOG=str(log))
     out_path, err_path = tmp_path / "out", tmp_path / "err"
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "fencepost", "serve"], cwd=cwd, env=env,
-                                stdout=out, stderr=err)
+        proc = track(subprocess.Popen([sys.executable, "-m", "fencepost", "serve"], cwd=cwd,
+                                      env=env, stdout=out, stderr=err))
     try:
         wait_healthy(f"http://127.0.0.1:{port}", proc)
         name = unique_name("env")
@@ -222,9 +230,9 @@ def test_defaults_are_port_7440_and_fencepost_db_in_cwd(tmp_path: Path) -> None:
     if not port_is_closed(7440):
         pytest.skip("something else listens on 127.0.0.1:7440")
     with open(tmp_path / "err", "wb") as err_file:
-        proc = subprocess.Popen([sys.executable, "-m", "fencepost", "serve"], cwd=tmp_path,
-                                env=clean_env(FENCEPOST_BOOTSTRAP_KEY=BOOTSTRAP_KEY),
-                                stdout=subprocess.DEVNULL, stderr=err_file)
+        proc = track(subprocess.Popen([sys.executable, "-m", "fencepost", "serve"], cwd=tmp_path,
+                                      env=clean_env(FENCEPOST_BOOTSTRAP_KEY=BOOTSTRAP_KEY),
+                                      stdout=subprocess.DEVNULL, stderr=err_file))
     try:
         wait_healthy("http://127.0.0.1:7440", proc)
         name = unique_name("default")
@@ -347,3 +355,181 @@ def test_sigterm_answers_parked_waiter_and_exits_zero(fresh_server: ServerProces
     with srv.client() as c:
         now = c.get(f"/v1/locks/{name}").json()
     assert now["held"] is True and now["fencing_token"] == grant.json()["fencing_token"]
+
+
+# --- start-up tells the truth (SPEC §6) -------------------------------------------------------
+
+
+def serve_until_exit(*args: str, cwd: Path, env: dict[str, str] | None = None,
+                     ) -> subprocess.CompletedProcess[str]:
+    """`fencepost serve ARGS` expected to give up at start; fails the test if it
+    is still running after 30 s (it would be serving)."""
+    proc = track(subprocess.Popen(
+        [sys.executable, "-m", "fencepost", "serve", "--host", "127.0.0.1", *args], cwd=cwd,
+        env=env or clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        stop(proc)
+        pytest.fail("the server started although it should have refused to")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def assert_one_line_refusal(result: subprocess.CompletedProcess[str], *needles: str) -> str:
+    """Exit 1, nothing on stdout (no key), exactly one line on stderr naming the cause."""
+    assert result.returncode == 1, (result.returncode, result.stdout, result.stderr)
+    assert result.stdout == "", f"printed on stdout: {result.stdout!r}"
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, f"want one line on stderr, got: {result.stderr!r}"
+    line = lines[0]
+    assert line.startswith("fencepost: ") and "serving" not in line, line
+    for needle in needles:
+        assert needle in line, (needle, line)
+    return line
+
+
+def files_under(path: Path) -> list[str]:
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+
+
+def test_serving_is_announced_only_once_it_listens_with_its_store_open(tmp_path: Path) -> None:
+    # Port 0: the kernel picks the port, so only a server that already listens
+    # can name it; the message must be true the moment it appears.
+    err_path = tmp_path / "err"
+    with open(err_path, "wb") as err:
+        proc = track(subprocess.Popen(
+            [sys.executable, "-m", "fencepost", "serve", "--host", "127.0.0.1", "--port", "0",
+             "--store", f"sqlite:///{tmp_path}/fp.db"],
+            cwd=tmp_path, env=clean_env(FENCEPOST_BOOTSTRAP_KEY=BOOTSTRAP_KEY),
+            stdout=subprocess.DEVNULL, stderr=err))
+    try:
+        text = wait_for_text(err_path, "serving on", timeout=30)
+        found = re.search(r"fencepost: serving on http://127\.0\.0\.1:(\d+) with sqlite:///", text)
+        assert found, f"no true 'serving on' line: {text!r}"
+        port = int(found.group(1))
+        assert port != 0
+        # One request, no retry: it must be answered, and the store must answer.
+        resp = whoami(f"http://127.0.0.1:{port}", BOOTSTRAP_KEY)
+        assert resp.status_code == 200, resp.text
+    finally:
+        assert stop(proc) == 0
+
+
+def test_a_busy_port_is_one_line_and_creates_nothing(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        # No FENCEPOST_BOOTSTRAP_KEY: a server that opened the empty store would
+        # make a key, print it and write it to a file.
+        result = serve_until_exit("--port", str(port), "--store", "sqlite:///fp.db",
+                                  cwd=tmp_path)
+    assert_one_line_refusal(result, f"127.0.0.1:{port}", "in use")
+    assert files_under(tmp_path) == [], "a busy port still created the store or a key file"
+
+
+def test_a_missing_sqlite_folder_is_one_line_and_creates_nothing(tmp_path: Path) -> None:
+    port = free_port()
+    result = serve_until_exit("--port", str(port), "--store", "sqlite:///no/such/fp.db",
+                              cwd=tmp_path)
+    assert_one_line_refusal(result, "no/such", "does not exist")
+    assert files_under(tmp_path) == [], "the missing folder (or a key file) was created"
+    assert port_is_closed(port)
+
+    absolute = tmp_path / "gone" / "fp.db"
+    result = serve_until_exit("--port", str(port), "--store", f"sqlite:///{absolute}",
+                              cwd=tmp_path)
+    assert_one_line_refusal(result, str(absolute.parent), "does not exist")
+    assert files_under(tmp_path) == []
+
+
+def test_an_unreachable_postgresql_is_one_line_and_creates_nothing(tmp_path: Path) -> None:
+    port = free_port()  # nothing listens there
+    result = serve_until_exit("--port", str(free_port()), "--store",
+                              f"postgresql://fp:s3cret-pw@127.0.0.1:{port}/fencepost", cwd=tmp_path)
+    line = assert_one_line_refusal(result, "PostgreSQL")
+    assert "s3cret-pw" not in line
+    assert files_under(tmp_path) == []
+
+
+def test_a_missing_postgresql_database_is_one_line_and_creates_nothing(tmp_path: Path) -> None:
+    import pg_support
+
+    name = f"fencepost_test_missing_{new_token()[:8]}"
+    result = serve_until_exit("--port", str(free_port()), "--store",
+                              pg_support.database_url(name), cwd=tmp_path)
+    assert_one_line_refusal(result, name, "does not exist")
+    assert files_under(tmp_path) == [], "a key file was written for a store that never opened"
+    with pg_support._admin_connection() as admin:
+        assert admin.execute("SELECT 1 FROM pg_database WHERE datname = %s",
+                             (name,)).fetchone() is None, "the database was created"
+
+
+def test_project_create_refuses_a_sqlite_store_that_does_not_exist(tmp_path: Path) -> None:
+    workdir = tmp_path / "server"
+    workdir.mkdir()
+    store = f"sqlite:///{workdir}/fencepost.db"
+    refused = run_cli("project", "create", "acme", "--store", store, env=clean_env())
+    assert_one_line_refusal(refused, str(workdir / "fencepost.db"), "--create")
+    assert files_under(workdir) == []
+
+    missing_folder = run_cli("project", "create", "acme", "--store",
+                             f"sqlite:///{tmp_path}/nope/fp.db", "--create", env=clean_env())
+    assert_one_line_refusal(missing_folder, "does not exist")
+    assert not (tmp_path / "nope").exists()
+
+    created = run_cli("project", "create", "acme", "--store", store, "--create", env=clean_env())
+    assert created.returncode == 0, created.stderr
+    key = created.stdout.strip()
+    assert created.stdout == key + "\n" and key
+    # The store it made is a real one: a server started on it accepts the key.
+    srv = ServerProcess(workdir).start()
+    try:
+        resp = whoami(srv.base_url, key)
+        assert resp.status_code == 200 and resp.json()["project"] == "acme", resp.text
+    finally:
+        srv.stop()
+    # Now that it exists, no --create is needed.
+    again = run_cli("project", "create", "beta", "--store", store, env=clean_env())
+    assert again.returncode == 0, again.stderr
+
+
+def test_project_create_refuses_a_postgresql_database_without_fencepost(tmp_path: Path) -> None:
+    from pg_support import temporary_database
+
+    with temporary_database() as url:
+        refused = run_cli("project", "create", "acme", "--store", url, env=clean_env())
+        assert_one_line_refusal(refused, "--create")
+        import psycopg
+
+        with psycopg.connect(url) as conn:
+            tables = conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'"
+                                  ).fetchone()
+        assert tables == (0,), "the refused command created tables"
+
+        created = run_cli("project", "create", "acme", "--store", url, "--create",
+                          env=clean_env())
+        assert created.returncode == 0, created.stderr
+        key = created.stdout.strip()
+        srv = ServerProcess(tmp_path / "pg", store=url).start()
+        try:
+            resp = whoami(srv.base_url, key)
+            assert resp.status_code == 200 and resp.json()["project"] == "acme", resp.text
+        finally:
+            srv.stop()
+
+
+def test_project_create_on_a_missing_or_unreachable_postgresql_is_one_line() -> None:
+    import pg_support
+
+    name = f"fencepost_test_missing_{new_token()[:8]}"
+    for store, needle in [(pg_support.database_url(name), name),
+                          (f"postgresql://fp:s3cret-pw@127.0.0.1:{free_port()}/fp", "PostgreSQL")]:
+        for extra in ([], ["--create"]):
+            result = run_cli("project", "create", "acme", "--store", store, *extra,
+                             env=clean_env())
+            line = assert_one_line_refusal(result, needle)
+            assert "s3cret-pw" not in line
+    with pg_support._admin_connection() as admin:
+        assert admin.execute("SELECT 1 FROM pg_database WHERE datname = %s",
+                             (name,)).fetchone() is None, "the database was created"

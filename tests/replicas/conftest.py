@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -41,12 +43,21 @@ def replicas(start_replica: Callable[..., ServerProcess]) -> list[ServerProcess]
 
 def faketime_prefix(offset: str) -> list[str]:
     """Run a replica with its wall clock moved by `offset` (e.g. "+600s"), its
-    monotonic clock left alone; libfaketime changes the process's clock only."""
+    monotonic clock left alone; libfaketime changes the process's clock only.
+
+    The library is preloaded through `env`, which execs the server in its own
+    process, rather than through the `faketime` command, which forks: the
+    server would then be its grandchild, and neither a stop signal nor the
+    parent-death signal would reach it (it kept running after the test)."""
     tool = shutil.which("faketime")
     if tool is None:
-        import os
-
         if os.environ.get("CI") == "true":
             pytest.fail("faketime is required under CI=true (apt-get install faketime)")
         pytest.skip("faketime is not installed")
-    return ["env", "FAKETIME_DONT_FAKE_MONOTONIC=1", tool, "-f", offset]
+    # Ask the installed faketime which library it preloads (its path is built in).
+    probe = subprocess.run([tool, "-f", "+0", "printenv", "LD_PRELOAD"], capture_output=True,
+                           text=True, timeout=30, check=True)
+    library = probe.stdout.strip()
+    assert library, f"faketime preloads nothing? {probe.stderr}"
+    return ["env", f"LD_PRELOAD={library}", f"FAKETIME={offset}",
+            "FAKETIME_DONT_FAKE_MONOTONIC=1"]

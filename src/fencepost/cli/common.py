@@ -41,12 +41,16 @@ class Ctx:
     timeout: float
     as_json: bool
 
-    def client(self, *, need_key: bool = True) -> AsyncClient:
+    def client(self, *, need_key: bool = True, timeout: float | None = None,
+               cls: type[AsyncClient] = AsyncClient) -> AsyncClient:
+        """A client (of class `cls`) with these settings; `timeout` lowers the
+        per-request timeout."""
         if need_key and not self.api_key:
             raise CliFailure(
                 "no API key: pass --api-key or set FENCEPOST_API_KEY.", ExitCode.USAGE
             )
-        return AsyncClient(self.url, self.api_key, timeout=self.timeout)
+        chosen = self.timeout if timeout is None else min(self.timeout, timeout)
+        return cls(self.url, self.api_key, timeout=chosen)
 
     def emit(self, data: Any, human: str | Callable[[], str]) -> None:
         """Print `data` as JSON with `--json`, else the human text."""

@@ -10,8 +10,11 @@ lock or a pool slot exactly while a command runs.
   the terminal's foreground, so Ctrl-C reaches it directly and is not sent twice.
   Elsewhere (cron, CI) CMD runs in a process group of its own, and signals and
   the lease-loss stop go to that whole group, so CMD's children stop too.
-- If the lease is lost, CMD gets SIGTERM, then SIGKILL after --grace seconds,
-  and fencepost exits 4.
+- CMD never outlives the lease: when the lease is lost, or when renewals keep
+  failing, CMD (its process group) gets SIGTERM, then SIGKILL after --grace
+  seconds, and fencepost exits 4. The SIGKILL comes before the lease could
+  expire on the server (`fencepost.cli.stopping` says when), so the next holder
+  never finds CMD still running.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ import asyncio
 import contextlib
 import os
 import signal
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
@@ -28,15 +33,56 @@ from fencepost.cli.common import CliFailure, Ctx, api_command, connection_option
 from fencepost.cli.exitcodes import ExitCode
 from fencepost.cli.params import JSON_OBJECT, NAME
 from fencepost.cli.progress import ProgressLine, lock_waiting, slot_waiting, while_waiting
+from fencepost.cli.stopping import (
+    MIN_LOCK_WINDOW_S,
+    SLOT_WINDOW_INTERVALS,
+    StopSchedule,
+    choose_grace,
+    margin_for,
+)
 from fencepost.client import AsyncClient
 from fencepost.client.aio import AsyncLockHold, AsyncSlotHold
-from fencepost.errors import LockHeld, QueueTimeout, TooManyRequests
+from fencepost.client.wire import Call
+from fencepost.errors import FencepostError, LockHeld, QueueTimeout, TooManyRequests
+
+T = TypeVar("T")
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
              signal.SIGUSR1, signal.SIGUSR2)
 TERMINAL_SIGNALS = (signal.SIGINT, signal.SIGQUIT)
 # sysexits EX_TEMPFAIL: CMD says "temporarily failed, try later" -> reported as a 429.
 EX_TEMPFAIL = 75
+# An acquire answered later than this after it was sent (it waited in line) is
+# followed at once by a renewal: only a send time bounds the lease's end.
+SLOW_GRANT_S = 1.0
+MIN_REQUEST_TIMEOUT_S = 1.0
+
+
+def _renews_a_lease(call: Call[Any]) -> bool:
+    if call.method == "PATCH":
+        return call.path.startswith("/v1/locks/") and call.path.endswith("/lease")
+    return call.method == "POST" and call.path.startswith("/v1/pools/") \
+        and call.path.endswith("/renew")
+
+
+class _WatchedClient(AsyncClient):
+    """A client that reports when each lease renewal that succeeded was sent (its
+    first attempt, since a retry may be answered from the first one's result)."""
+
+    on_renewed: Callable[[float], None] | None = None
+    _first_sent: dict[str, float] | None = None
+
+    async def _attempt(self, call: Call[T]) -> T:
+        if not _renews_a_lease(call):
+            return await super()._attempt(call)
+        if self._first_sent is None or len(self._first_sent) > 64:
+            self._first_sent = {}  # only failed renewals are left in it; forget them
+        sent = self._first_sent.setdefault(call.request_id, time.monotonic())
+        result = await super()._attempt(call)
+        self._first_sent.pop(call.request_id, None)
+        if self.on_renewed is not None:
+            self.on_renewed(sent)
+        return result
 
 
 def _terminal_foreground() -> bool:
@@ -78,8 +124,9 @@ def _slot_outcome_status(returncode: int) -> int:
                    "[default: CMD's name].")
 @click.option("--metadata", type=JSON_OBJECT, default=None,
               help="JSON object of holder details (host and pid are added).")
-@click.option("--grace", type=click.FloatRange(0, 3600), default=10, show_default=True,
-              metavar="SECONDS", help="After a lost lease: time between SIGTERM and SIGKILL.")
+@click.option("--grace", type=click.FloatRange(0, 3600), default=None, metavar="SECONDS",
+              help="When CMD must stop: time between SIGTERM and SIGKILL, which must fit "
+                   "in the lease [default: 10, or less to fit].")
 @click.option("--busy-exit-code", type=click.IntRange(0, 255), default=int(ExitCode.BUSY),
               show_default=True, help="Exit code when the lock or slot is not free in time "
                                       "(0 makes a busy cron run a quiet no-op).")
@@ -87,7 +134,7 @@ def _slot_outcome_status(returncode: int) -> int:
 @connection_options
 @api_command
 async def run(ctx: Ctx, lock_key: str | None, pool_name: str | None, ttl: int, wait: float,
-              operation: str | None, metadata: dict[str, Any] | None, grace: float,
+              operation: str | None, metadata: dict[str, Any] | None, grace: float | None,
               busy_exit_code: int, command: tuple[str, ...]) -> int:
     """Run CMD while holding a lock (--lock KEY) or a pool slot (--pool POOL).
 
@@ -97,19 +144,35 @@ async def run(ctx: Ctx, lock_key: str | None, pool_name: str | None, ttl: int, w
 
     Exits with CMD's exit code. Before CMD runs: 3 (or --busy-exit-code) when
     the lock or slot is not free in time, and the codes of other commands for
-    other failures; 4 when the lease was lost while CMD ran (CMD was stopped);
-    127 / 126 when CMD cannot be found / executed.
+    other failures; 4 when the lease was lost, or could not be renewed in time,
+    while CMD ran (CMD was stopped before the lease could expire); 127 / 126
+    when CMD cannot be found / executed.
     """
     if (lock_key is None) == (pool_name is None):
         raise CliFailure("give exactly one of --lock KEY and --pool POOL.", ExitCode.USAGE)
-    runner = _Runner(ctx, list(command), grace)
-    async with ctx.client() as client:
+    renew_every: float | None = None
+    if lock_key is not None:
+        try:
+            grace = choose_grace(grace, ttl, MIN_LOCK_WINDOW_S)
+        except ValueError as exc:
+            raise CliFailure(f"{exc}; raise --ttl or lower --grace.", ExitCode.USAGE) from None
+        # Three renewals between a grant and the stop, and no renewal waits for
+        # its answer longer than the time between two (or 1 s), so a lost one
+        # is retried in time. The stop itself never waits for a renewal.
+        renew_every = (ttl - grace - margin_for(ttl)) / 3
+    timeout = None if renew_every is None else max(renew_every, MIN_REQUEST_TIMEOUT_S)
+    runner = _Runner(ctx, list(command), grace, ttl)
+    client = ctx.client(timeout=timeout, cls=_WatchedClient)
+    async with client:
+        assert isinstance(client, _WatchedClient)
+        client.on_renewed = runner.renewed
         hold: AsyncLockHold | AsyncSlotHold
         if lock_key is not None:
             details = {"host": os.uname().nodename, "pid": os.getpid(), **(metadata or {})}
             hold = client.lock(
                 lock_key, ttl=ttl, wait=wait, raise_on_loss=False, metadata=details,
                 operation=(operation or os.path.basename(command[0]) or "run")[:64],
+                renew_every=renew_every,
             )
         else:
             hold = client.slot(pool_name or "", wait=wait, raise_on_loss=False)
@@ -119,16 +182,22 @@ async def run(ctx: Ctx, lock_key: str | None, pool_name: str | None, ttl: int, w
 class _Runner:
     """Holds the lease, runs CMD, and relays signals between the two."""
 
-    def __init__(self, ctx: Ctx, argv: list[str], grace: float) -> None:
+    def __init__(self, ctx: Ctx, argv: list[str], grace: float | None, ttl: int) -> None:
         self.ctx = ctx
         self.argv = argv
-        self.grace = grace
+        self.ttl = ttl  # of a lock lease
+        self.grace = grace  # None: the default, chosen to fit a slot's term
+        self.schedule: StopSchedule | None = None
         self.foreground = _terminal_foreground()
         self.verbose = ProgressLine().enabled
         self.child: asyncio.subprocess.Process | None = None
         self.stop_signal: int | None = None
         self.main_task: asyncio.Task[Any] | None = None
         self.acquiring = False
+
+    def renewed(self, sent: float) -> None:
+        if self.schedule is not None:
+            self.schedule.granted(sent)
 
     def say(self, text: str, always: bool = False) -> None:
         if always or self.verbose:
@@ -161,6 +230,7 @@ class _Runner:
             describe = slot_waiting(client, hold.pool)
             what = f"a slot of pool {hold.pool}"
         self.acquiring = True
+        sent = time.monotonic()
         try:
             await while_waiting(hold.__aenter__(), describe, ProgressLine())
         except (LockHeld, TooManyRequests, QueueTimeout) as busy:
@@ -177,11 +247,49 @@ class _Runner:
         if self.stop_signal is not None:
             await hold.__aexit__(None, None, None)
             return 128 + self.stop_signal
+        refused = await self._schedule(client, hold, sent)
+        if refused is not None:
+            await hold.__aexit__(None, None, None)
+            return refused
         if isinstance(hold, AsyncLockHold):
             self.say(f"holding lock {hold.key} (fencing token {hold.fencing_token}); "
                      f"running {self.argv[0]}")
         else:
             self.say(f"holding a slot of pool {hold.pool}; running {self.argv[0]}")
+        return None
+
+    async def _schedule(self, client: AsyncClient, hold: AsyncLockHold | AsyncSlotHold,
+                        sent: float) -> int | None:
+        """Set the stop times of the lease granted by an acquire sent at `sent`;
+        an exit code instead when CMD must not start."""
+        if isinstance(hold, AsyncLockHold):
+            lease = hold.lease
+            lifetime = (lease.deadline_at - lease.acquired_at).total_seconds()
+            assert self.grace is not None  # chosen before acquiring
+            self.schedule = StopSchedule(self.ttl, self.grace, sent, sent + lifetime)
+        else:
+            grant = hold.grant
+            term_s = grant.term_ms / 1000
+            window = SLOT_WINDOW_INTERVALS * grant.renew_interval_ms / 1000
+            try:
+                grace = choose_grace(self.grace, term_s, window)
+            except ValueError as exc:
+                self.say(f"pool {hold.pool}: {exc}.", always=True)
+                return int(ExitCode.USAGE)
+            request_s = (grant.request_deadline - grant.lease_deadline) / 1000 + term_s
+            self.schedule = StopSchedule(term_s, grace, sent, sent + request_s)
+        if time.monotonic() - sent > SLOW_GRANT_S:
+            # Waited in line: the grant may be much younger than the request.
+            # A renewal sent now bounds the lease's end from now.
+            with contextlib.suppress(FencepostError):
+                if isinstance(hold, AsyncLockHold):
+                    await client.renew_lock(hold.key, hold.token, ttl=self.ttl)
+                else:
+                    await client.renew_slot(hold.pool, hold.slot_id)
+        if self.schedule.term_at() <= time.monotonic():
+            self.say("the lease could not be renewed in time to run "
+                     f"{self.argv[0]} safely; not running it", always=True)
+            return int(ExitCode.LOST)
         return None
 
     def _environment(self, hold: AsyncLockHold | AsyncSlotHold) -> dict[str, str]:
@@ -210,15 +318,31 @@ class _Runner:
             self._signal_child(self.stop_signal)
         exited = asyncio.ensure_future(self.child.wait())
         lost = asyncio.ensure_future(hold.lost_event.wait())
+        schedule = self.schedule
+        assert schedule is not None
         try:
-            await asyncio.wait([exited, lost], return_when=asyncio.FIRST_COMPLETED)
+            # Until CMD ends, the lease is lost, or the SIGTERM time comes (each
+            # renewal that gets through moves it on).
+            while not exited.done() and not lost.done():
+                left = schedule.term_at() - time.monotonic()
+                if left <= 0:
+                    break
+                await asyncio.wait([exited, lost], timeout=left,
+                                   return_when=asyncio.FIRST_COMPLETED)
         finally:
             lost.cancel()
         if not exited.done():
             loss = hold.loss
-            reason = loss.reason if loss is not None else "unknown"
-            self.say(f"the lease was lost ({reason}); stopping {self.argv[0]}", always=True)
-            await self._stop_child(exited)
+            if loss is not None:
+                self.say(f"the lease was lost ({loss.reason}); stopping {self.argv[0]}",
+                         always=True)
+            elif schedule.at_cap():
+                self.say(f"the lease reaches its deadline; stopping {self.argv[0]} before "
+                         "it ends", always=True)
+            else:
+                self.say(f"the lease could not be renewed; stopping {self.argv[0]} before "
+                         "it can expire", always=True)
+            await self._stop_child(exited, schedule)
             return int(ExitCode.LOST)
         returncode = exited.result()
         if isinstance(hold, AsyncSlotHold):
@@ -230,12 +354,16 @@ class _Runner:
             return int(ExitCode.LOST)
         return _exit_code_of(returncode)
 
-    async def _stop_child(self, exited: asyncio.Future[int]) -> None:
+    async def _stop_child(self, exited: asyncio.Future[int], schedule: StopSchedule) -> None:
+        """SIGTERM now, SIGKILL after the grace, and never later than the time
+        by which CMD must be dead."""
         self._signal_child(signal.SIGTERM)
+        now = time.monotonic()
+        kill_at = min(now + schedule.grace_s, schedule.kill_at())
         try:
-            await asyncio.wait_for(asyncio.shield(exited), self.grace)
+            await asyncio.wait_for(asyncio.shield(exited), max(0.0, kill_at - now))
         except TimeoutError:
-            self.say(f"{self.argv[0]} did not stop within {self.grace:g}s; killing it",
+            self.say(f"{self.argv[0]} did not stop within {kill_at - now:.3g}s; killing it",
                      always=True)
             self._signal_child(signal.SIGKILL)
             await exited

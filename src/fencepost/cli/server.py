@@ -7,9 +7,11 @@ import asyncio
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import click
 
+from fencepost.cli.stores import store_exists
 from fencepost.core.keys import MIN_BOOTSTRAP_SECRET_LENGTH
 from fencepost.core.names import is_valid_name
 from fencepost.errors import FencepostError
@@ -99,13 +101,17 @@ def serve(
         click.echo(secret)
         sys.stdout.flush()
 
+    scheme = "https" if tls is not None else "http"
+
+    def ready(bound_port: int) -> None:
+        click.echo(f"fencepost: serving on {scheme}://{host}:{bound_port} with {redacted(store)}",
+                   err=True)
+
     app = create_app(
         backend,
         AppConfig(access_log=access_log, bootstrap_key=bootstrap_key, on_bootstrap=announce),
     )
-    scheme = "https" if tls is not None else "http"
-    click.echo(f"fencepost: serving on {scheme}://{host}:{port} with {redacted(store)}", err=True)
-    run_server(app, host, port, proxies, max_connections, tls)
+    run_server(app, host, port, proxies, max_connections, tls, on_ready=ready)
 
 
 @click.group()
@@ -116,8 +122,16 @@ def project() -> None:
 @project.command("create")
 @click.argument("name")
 @click.option("--store", envvar="FENCEPOST_STORE", default=DEFAULT_STORE, show_default=True)
-def project_create(name: str, store: str) -> None:
-    """Create project NAME and print its first admin key alone on stdout."""
+@click.option("--create", "create_store", is_flag=True,
+              help="Make the store if it does not exist yet (a new SQLite file, or "
+                   "fencepost's tables in an existing PostgreSQL database).")
+def project_create(name: str, store: str, create_store: bool) -> None:
+    """Create project NAME and print its first admin key alone on stdout.
+
+    The store must exist already (made by `fencepost serve` or by an earlier
+    `--create`): a key written to a store that no server runs on would never be
+    accepted, so a mistyped --store is refused rather than made.
+    """
     if not is_valid_name(name):
         raise click.UsageError(
             f"{name!r} is not a valid project name (letters, digits, . _ : -; up to 128)."
@@ -135,8 +149,15 @@ def project_create(name: str, store: str) -> None:
             await backend.close()
 
     try:
+        if not create_store and not store_exists(store):
+            _fail(f"no fencepost store at {redacted(store)} yet; check --store, or pass "
+                  "--create to make a new one (and serve it)")
         secret = asyncio.run(create())
     except FencepostError as exc:
-        click.echo(f"fencepost: {exc.message}", err=True)
-        raise SystemExit(1) from None
+        _fail(exc.message)
     click.echo(secret)
+
+
+def _fail(message: str) -> NoReturn:
+    click.echo(f"fencepost: {' '.join(message.split())}", err=True)
+    raise SystemExit(1)

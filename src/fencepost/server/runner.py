@@ -9,7 +9,7 @@ import resource
 import signal
 import ssl
 import sys
-from typing import Any, Coroutine
+from typing import Any, Callable, Coroutine
 
 from fencepost.server.app import App
 from fencepost.server.proxies import TrustedProxies
@@ -27,16 +27,18 @@ _POLL_S = 0.02
 def serve(
     app: App, host: str, port: int, trusted_proxies: list[str] | None = None,
     max_connections: int | None = None, tls: ssl.SSLContext | None = None,
+    on_ready: Callable[[int], None] | None = None,
 ) -> None:
-    """Run until SIGTERM/SIGINT (exit 0 after a graceful stop); exit 1 when the
-    store cannot be opened or the address cannot be bound. X-Forwarded-For is
-    believed only from `trusted_proxies`. More than `max_connections` open
-    connections are refused with a 503 (default: see `connection_cap`). With
-    `tls` (see `tls_context`), HTTPS only."""
+    """Run until SIGTERM/SIGINT (exit 0 after a graceful stop); exit 1, after one
+    line on stderr, when the address cannot be bound or the store cannot be
+    opened. `on_ready(port)` is called once the server listens with its store
+    open, never before. X-Forwarded-For is believed only from `trusted_proxies`.
+    More than `max_connections` open connections are refused with a 503
+    (default: see `connection_cap`). With `tls` (see `tls_context`), HTTPS only."""
     proxies = TrustedProxies(list(trusted_proxies or []))
     cap = connection_cap(max_connections)
     try:
-        ok = _run(_serve(app, host, port, proxies, cap, tls))
+        ok = _run(_serve(app, host, port, proxies, cap, tls, on_ready))
     except KeyboardInterrupt:  # a second Ctrl-C while stopping
         ok = True
     if not ok:
@@ -84,28 +86,47 @@ def tls_context(cert_file: str, key_file: str) -> ssl.SSLContext:
     return context
 
 
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split())  # a driver's message may span lines
+
+
 async def _serve(
     app: App, host: str, port: int, proxies: TrustedProxies, max_connections: int,
-    tls: ssl.SSLContext | None,
+    tls: ssl.SSLContext | None, on_ready: Callable[[int], None] | None,
 ) -> bool:
     loop = asyncio.get_running_loop()
-    try:
-        await app.startup()
-    except Exception as exc:  # noqa: BLE001 - reported in one line, no traceback
-        print(f"fencepost: cannot start: {exc}", file=sys.stderr)
-        return False
     connections = Connections(app, app.handle, app.refuse, proxies, max_connections)
+    # The address first: a busy port must fail before the store is opened (and,
+    # on an empty store, before a bootstrap key is made). Connections are
+    # accepted only once the store is open.
     try:
         server = await loop.create_server(
-            connections.protocol, host, port, reuse_address=True, backlog=2048, ssl=tls,
+            connections.protocol, host, port, reuse_address=True, backlog=2048,
+            start_serving=False, ssl=tls,
             # A client that opens a connection and never finishes the handshake
             # is dropped like one that never sends a request.
             ssl_handshake_timeout=REQUEST_READ_S if tls is not None else None,
         )
     except OSError as exc:
-        print(f"fencepost: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
-        await app.shutdown()
+        print(f"fencepost: cannot listen on {host}:{port}: {_one_line(exc.strerror or exc)}",
+              file=sys.stderr)
         return False
+    try:
+        await app.startup()
+    except Exception as exc:  # noqa: BLE001 - reported in one line, no traceback
+        server.close()
+        print(f"fencepost: cannot start: {_one_line(exc)}", file=sys.stderr)
+        return False
+    try:
+        await server.start_serving()
+    except OSError as exc:
+        server.close()
+        await app.shutdown()
+        print(f"fencepost: cannot listen on {host}:{port}: {_one_line(exc.strerror or exc)}",
+              file=sys.stderr)
+        return False
+    if on_ready is not None:
+        on_ready(int(server.sockets[0].getsockname()[1]))
 
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

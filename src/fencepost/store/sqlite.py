@@ -105,7 +105,9 @@ class SqliteStore(SqlStore):
         super().__init__(self._engine, OneProcess(), readers)
 
     async def open(self) -> None:
-        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        if not Path(self.path).parent.is_dir():  # a mistyped path must not start an empty store
+            raise StoreUnavailable(f"Cannot open the SQLite store at {self.path}: "
+                                   f"the folder {Path(self.path).parent} does not exist.")
         # What the files are is learnt afresh: a store closed and opened again
         # has new -wal and -shm files (the last close removes them).
         self._engine.guard = FileGuard(self.path)
