@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from support import ServerProcess
+from support import ServerProcess, track
 
 FLOODERS = 50
 PIPELINE_BYTES = 64 * 1024
@@ -162,7 +162,9 @@ def test_a_flood_past_the_open_file_limit_is_refused_not_fatal(
          "--access-log", str(server.access_log)],
         cwd=server.workdir, env=server.env(), stdout=open(server.stdout_path, "ab"),
         stderr=open(server.stderr_path, "ab"), preexec_fn=_low_file_limit,
+        start_new_session=True,  # ServerProcess.stop signals the process group
     )
+    track(server.proc, own_group=True)
     try:
         server.wait_ready()
         refused = 0
