@@ -100,7 +100,7 @@ def text_table(run: dict[str, Any]) -> str:
         out += ["", "one uncontended acquire+release from Python:"]
         out += [f"  {lat['system']:22} {latency_line(lat)}" for lat in run["python_latency"]]
     if run["targets"]:
-        out += ["", "issue 7 targets:"]
+        out += ["", "targets:"]
         out += [f"  [{_mark(t['met'])}] {t['target']}: {t['measured']}" for t in run["targets"]]
     return "\n".join(out)
 
@@ -153,7 +153,7 @@ def markdown(run: dict[str, Any]) -> str:
                 lines.append(f"| {lat['system']} | {lat['method']} | {lat['cycles_per_s']:.0f} "
                              f"| {lat['p50_ms']:.2f} | {lat['p99_ms']:.2f} |")
     if run["targets"]:
-        lines += ["", "Issue 7 targets:", ""]
+        lines += ["", "Targets:", ""]
         lines += [f"- {_mark(t['met'])}: {t['target']} — {t['measured']}" for t in run["targets"]]
     if run.get("profiled"):
         lines += ["", "The fencepost servers were sampled by py-spy during this run (see "
@@ -172,7 +172,7 @@ def _ok(rows: list[Any], system: str, workload: str) -> Any:
 
 
 def targets(rows: list[Any]) -> list[dict[str, Any]]:
-    """Issue 7: SQLite >= 3x etcd on (a) and (b) with p99 <= etcd's, >= 0.2x Redis;
+    """The targets: SQLite >= 3x etcd on (a) and (b) with p99 <= etcd's, >= 0.2x Redis;
     PostgreSQL >= 1x etcd. Only targets whose rows were measured are listed."""
     found = []
     for workload in ("a", "b"):
