@@ -10,6 +10,7 @@ Screenshots of each page go to docs/images/ when FENCEPOST_UPDATE_SCREENSHOTS=1
 from __future__ import annotations
 
 import os
+import re
 import struct
 import time
 from html.parser import HTMLParser
@@ -317,14 +318,17 @@ def test_pools_show_limits_learned_state_and_a_live_chart(console_server: Server
         visible(driver, "#pool-detail")
         assert "Effective limit" in driver.find_element("id", "pool-detail-state").text
 
-        def chart_shows_traffic() -> bool:
-            for index in range(3):
-                traffic(throttled=index == 0)
-            summary = driver.find_element("id", "pool-chart-summary").text
-            return "Last" in summary and " 0 admissions" not in summary and \
-                " 0 throttles" not in summary
+        sent = {"count": 0}
 
-        wait_for("the chart to count admissions and throttles", chart_shows_traffic, 20)
+        def chart_shows_traffic() -> bool:
+            # Steady traffic, one throttle in four, until four polls have drawn some.
+            traffic(throttled=sent["count"] % 4 == 0)
+            sent["count"] += 1
+            summary = driver.find_element("id", "pool-chart-summary").text
+            polls = re.match(r"Last (\d+) polls: (\d+) admissions, (\d+) throttles", summary)
+            return bool(polls) and int(polls[1]) >= 4 and int(polls[2]) > 0 and int(polls[3]) > 0
+
+        wait_for("the chart to count admissions and throttles", chart_shows_traffic, 30)
         row_text = visible(driver, f'button[data-pool="{pool}"]').find_element(
             "xpath", "./ancestor::tr").text
         assert "4" in row_text
@@ -370,3 +374,53 @@ def test_the_docs_show_a_screenshot_of_each_page() -> None:
         width, height = png_size(IMAGES / name)
         assert width >= 800 and height >= 400, (name, width, height)
         assert (IMAGES / name).stat().st_size < 300_000, f"{name}: keep screenshots small"
+
+
+# What the server adds to a lock where it reports holders and lines (SPEC §3.4),
+# put into the answers the page receives, so that their rendering is checked
+# whether or not this server already sends them; names carry markup on purpose.
+FAKE_HOLDER_AND_LINE = """
+const real = window.fetch;
+window.fetch = async (input, init) => {
+  const response = await real(input, init);
+  if (!/v1\\/locks[\\/?]/.test(String(input)) || !response.ok) return response;
+  const body = await response.json();
+  const add = (lock) => Object.assign(lock, {
+    holder: {key_id: "key_holder0001", key_name: "<b>deployer</b>"},
+    waiters: 2,
+    line: [
+      {key_id: "key_waiter0001", key_name: "ci-1", since_at: "2026-12-01T07:00:00.000Z",
+       gives_up_at: "2026-12-01T07:05:00.000Z"},
+      {key_id: "key_waiter0002", key_name: null, since_at: "2026-12-01T07:01:00.000Z",
+       gives_up_at: "2026-12-01T07:06:00.000Z"},
+    ],
+  });
+  if (Array.isArray(body.locks)) body.locks.forEach(add); else add(body);
+  return new Response(JSON.stringify(body), {status: response.status,
+                                              headers: response.headers});
+};
+"""
+
+
+def test_a_lock_s_holder_and_line_are_shown_when_the_server_reports_them(
+        console_server: ServerProcess, browser: Any) -> None:
+    driver = browser
+    name = unique_name("queued")
+    with console_server.client() as c:
+        resp = c.put(f"/v1/locks/{name}/lease", headers=lock_headers(),
+                     json={"ttl_seconds": 60, "operation": "migrate"})
+        assert resp.status_code == 201, resp.text
+    open_console(driver, console_server, console_server.admin_key)
+    signed_in(driver)
+    driver.execute_script(FAKE_HOLDER_AND_LINE)
+    wait_for("the holder in the table", lambda: "<b>deployer</b> (key_holder0001)" in
+             driver.find_element("css selector", f'tr[data-lock="{name}"]').text)
+    visible(driver, f'button[data-lock="{name}"]').click()
+    line = visible(driver, "#lock-line-table")
+    rows = [r.text for r in line.find_elements("css selector", "tbody tr")]
+    assert len(rows) == 2, rows
+    assert rows[0].startswith("1 ci-1 key_waiter0001 2026-12-01T07:00:00.000Z"), rows
+    assert rows[1].startswith("2 — key_waiter0002"), rows
+    assert "(2 waiting)" in driver.find_element("id", "lock-line-count").text
+    assert by_css(driver, "main b") == [], "a key name's markup became an element"
+    assert browser_problems(driver) == []

@@ -432,8 +432,11 @@ function drawChart() {
     context.stroke();
     context.fillText(String(Math.round(top * fraction)), 4, y + 4);
   }
-  context.fillText(`last ${duration(CHART_SAMPLES * POLL_MS)}`, pad.left, height - 4);
-  const step = plotW / (CHART_SAMPLES - 1);
+  // The axis grows with the samples, up to CHART_SAMPLES: a chart just opened
+  // is readable, not four points squeezed against its right edge.
+  const span = Math.min(CHART_SAMPLES, Math.max(20, samples.length));
+  context.fillText(`last ${duration(span * POLL_MS)}`, pad.left, height - 4);
+  const step = plotW / (span - 1);
   const x = (index) => pad.left + plotW - (samples.length - 1 - index) * step;
   const y = (value) => pad.top + plotH * (1 - value / top);
   for (const series of ["admissions", "throttles"]) {
@@ -511,7 +514,7 @@ function confirmRevoke(key) {
     title: `Revoke key ${name}?`,
     facts: [["Name", name], ["ID", key.id], ["Role", key.role]],
     text: `Key ${name} (ID ${key.id}) is revoked now: every request made with it is refused ` +
-      "with 401 by every server within 2 seconds, and so are the keys refreshed from it. " +
+      "with 401 by every server within 2 seconds. " +
       "This cannot be undone." + (self ? " It is the key this console is using." : ""),
     action: `Revoke ${name}`,
     run: async () => {
