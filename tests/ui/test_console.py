@@ -32,6 +32,15 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'se
        "img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
 WAIT_S = 15  # the page polls every 3 s; anything slower than this is a failure
 T = TypeVar("T")
+# Every request the page makes from here on, as "METHOD url".
+COUNT_REQUESTS = """
+window.requestsSeen = [];
+const plain = window.fetch;
+window.fetch = (input, init) => {
+  window.requestsSeen.push(`${(init && init.method) || "GET"} ${input}`);
+  return plain(input, init);
+};
+"""
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout: float = WAIT_S) -> T:
@@ -218,10 +227,15 @@ def test_cancel_in_the_confirmation_releases_nothing(console_server: ServerProce
         assert resp.status_code == 201, resp.text
         open_console(driver, console_server, console_server.admin_key)
         visible(driver, f'button[data-force-release="{name}"]').click()
+        driver.execute_script(COUNT_REQUESTS)
         visible(driver, "#confirm-cancel").click()
         wait_for("the dialog to close", lambda: not driver.find_element(
             "id", "confirm").is_displayed())
-        time.sleep(0.5)  # give a wrongly wired button time to act
+        # A wrongly wired button would act at once; the page's next poll comes after.
+        wait_for("the page's next poll", lambda: driver.execute_script(
+            "return window.requestsSeen.some((r) => r.startsWith('GET '))"))
+        assert not any(r.startswith("DELETE") for r in driver.execute_script(
+            "return window.requestsSeen")), "cancel sent a release"
         assert c.get(f"/v1/locks/{name}").json()["held"] is True
 
 
