@@ -17,6 +17,7 @@ const state = {
   timer: null,
   ticker: null,
   busy: false,
+  again: false,
   selectedLock: null,
   selectedPool: null,
   rendered: { locks: "", pools: "", lock: "", pool: "", keys: "" },
@@ -556,10 +557,17 @@ async function confirmed() {
 const VIEWS = { locks: loadLocks, pools: loadPools, keys: loadKeys };
 
 async function refresh() {
-  if (!state.key || !state.view || state.busy) return;
+  if (!state.key || !state.view) return;
+  if (state.busy) {
+    state.again = true; // one load at a time; the one asked for meanwhile follows
+    return;
+  }
   state.busy = true;
   try {
-    await VIEWS[state.view]();
+    do {
+      state.again = false;
+      await VIEWS[state.view]();
+    } while (state.again && state.key && state.view);
   } catch (error) {
     showMessage(explain(error));
     if (error.status === 401) signOut(false); // revoked or expired while open
