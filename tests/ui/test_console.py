@@ -438,3 +438,53 @@ def test_a_lock_s_holder_and_line_are_shown_when_the_server_reports_them(
     assert "(2 waiting)" in driver.find_element("id", "lock-line-count").text
     assert by_css(driver, "main b") == [], "a key name's markup became an element"
     assert browser_problems(driver) == []
+
+
+def test_a_member_is_offered_a_force_release_only_for_its_own_lease(
+        console_server: ServerProcess, browser: Any) -> None:
+    """SPEC §3.5: the owner of a lease may force-release it. The page offers the
+    button where `holder` names the member's own key (filled in below where this
+    server does not report holders yet) and shows the server's answer."""
+    from fencepost.server.routes.table import ROUTES
+
+    driver = browser
+    member = console_server.create_key("member", name="crashed-worker")
+    own, other = unique_name("own"), unique_name("other")
+    for name, key in ((own, member["key"]), (other, console_server.admin_key)):
+        with console_server.client(key) as c:
+            resp = c.put(f"/v1/locks/{name}/lease", headers=lock_headers(),
+                         json={"ttl_seconds": 60, "operation": "nightly"})
+            assert resp.status_code == 201, resp.text
+    open_console(driver, console_server, member["key"])
+    assert "member key" in signed_in(driver)
+    driver.execute_script(
+        """
+        const [own, mine] = arguments;
+        const real = window.fetch;
+        window.fetch = async (input, init) => {
+          const response = await real(input, init);
+          if (!/v1\\/locks[\\/?]/.test(String(input)) || !response.ok) return response;
+          const body = await response.json();
+          const fill = (lock) => {
+            if (!("holder" in lock)) lock.holder = lock.key === own
+              ? {key_id: mine, key_name: "crashed-worker"}
+              : {key_id: "key_someone_else", key_name: "bootstrap"};
+          };
+          if (Array.isArray(body.locks)) body.locks.forEach(fill); else fill(body);
+          return new Response(JSON.stringify(body), {status: response.status,
+                                                     headers: response.headers});
+        };
+        """, own, member["id"])
+    button = visible(driver, f'button[data-force-release="{own}"]')
+    visible(driver, f'tr[data-lock="{other}"]')
+    assert by_css(driver, f'button[data-force-release="{other}"]') == []
+    button.click()
+    visible(driver, "#confirm-ok").click()
+    force = next(r for r in ROUTES if r.operation_id == "forceReleaseLock")
+    if force.role is not None and force.role.label == "admin":
+        # This server lets only admins force-release: the refusal is shown as such.
+        message = visible(driver, "#message").text
+        assert "may not do that (403" in message, message
+    else:
+        assert f"Released lock {own}" in visible(driver, "#notice").text
+    assert browser_problems(driver) == []
