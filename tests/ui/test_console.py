@@ -340,7 +340,9 @@ def test_pools_show_limits_learned_state_and_a_live_chart(console_server: Server
             sent["count"] += 1
             summary = driver.find_element("id", "pool-chart-summary").text
             polls = re.match(r"Last (\d+) polls: (\d+) admissions, (\d+) throttles", summary)
-            return bool(polls) and int(polls[1]) >= 4 and int(polls[2]) > 0 and int(polls[3]) > 0
+            if polls is None:
+                return False
+            return int(polls[1]) >= 4 and int(polls[2]) > 0 and int(polls[3]) > 0
 
         wait_for("the chart to count admissions and throttles", chart_shows_traffic, 30)
         row_text = visible(driver, f'button[data-pool="{pool}"]').find_element(
@@ -487,4 +489,50 @@ def test_a_member_is_offered_a_force_release_only_for_its_own_lease(
         assert "may not do that (403" in message, message
     else:
         assert f"Released lock {own}" in visible(driver, "#notice").text
+    assert browser_problems(driver) == []
+
+
+def test_a_pool_s_learned_state_is_shown_field_by_field(console_server: ServerProcess,
+                                                       browser: Any) -> None:
+    """`learned` as SPEC §4.5 describes it (put into the page's answers, so that
+    the check holds whichever shape this server sends): every field is shown, a
+    pause is flagged in the table, and a nested hint is shown as text."""
+    driver = browser
+    pool = unique_name("paused")
+    with console_server.client() as c:
+        resp = c.put(f"/v1/pools/{pool}", json={"limit": 8, "rpm": 600})
+        assert resp.status_code == 201, resp.text
+    open_console(driver, console_server, console_server.admin_key, view="pools")
+    signed_in(driver)
+    driver.execute_script(
+        """
+        const real = window.fetch;
+        window.fetch = async (input, init) => {
+          const response = await real(input, init);
+          if (!/v1\\/pools[\\/?]/.test(String(input)) || !response.ok) return response;
+          const body = await response.json();
+          const learn = (p) => { p.learned = {
+            effective_limit: 3, effective_rpm: 120, window_ms: 60000,
+            paused_until_at: "2026-12-01T08:00:00.000Z",
+            last_hint: {source: "<i>retry-after</i>", retry_after_ms: 1500,
+                        at: "2026-12-01T07:59:58.500Z"}}; };
+          if (Array.isArray(body.pools)) body.pools.forEach(learn); else learn(body);
+          return new Response(JSON.stringify(body), {status: response.status,
+                                                     headers: response.headers});
+        };
+        """)
+    row = wait_for("the pause in the table", lambda: next(
+        (r for r in by_css(driver, "#pools-body tr.paused") if pool in r.text), None))
+    assert "2026-12-01T08:00:00.000Z" in row.text
+    visible(driver, f'button[data-pool="{pool}"]').click()
+
+    def learned_text() -> str | None:
+        shown = str(driver.find_element("id", "pool-detail-learned").text)
+        return shown if "window_ms" in shown else None
+
+    learned = wait_for("the learned state", learned_text)
+    for shown in ("effective_limit\n3", "effective_rpm\n120", "window_ms\n60000",
+                  '"source":"<i>retry-after</i>"', '"retry_after_ms":1500'):
+        assert shown in learned, (shown, learned)
+    assert by_css(driver, "main i") == []
     assert browser_problems(driver) == []
