@@ -39,6 +39,8 @@ def test_built_wheel_installs_and_serves(tmp_path: Path) -> None:
                for n in inside), inside
     assert any(n.startswith("fencepost/store/migrations/postgresql/") for n in inside)
     assert "fencepost/server/assets/api-docs.css" in inside
+    for console_file in ("index.html", "console.js", "console.css"):  # the web console
+        assert f"fencepost/server/ui/{console_file}" in inside
     assert any(n.endswith("licenses/LICENSE") or n.endswith("/LICENSE") for n in inside)
 
     # A fresh venv that sees the dependencies (from this venv, through a .pth
@@ -87,6 +89,8 @@ def test_built_wheel_installs_and_serves(tmp_path: Path) -> None:
         assert health is not None and health.status_code == 200, server.poll()
         assert health.json()["store"] == "sqlite"
         assert httpx.get(f"{base}/docs", timeout=5).status_code == 200
+        for console_path in ("/ui", "/ui/console.js", "/ui/console.css"):
+            assert httpx.get(f"{base}{console_path}", timeout=5).status_code == 200
         who = httpx.get(f"{base}/v1/whoami", timeout=5,
                         headers={"Authorization": f"Bearer {BOOTSTRAP_KEY}"})
         assert who.status_code == 200 and who.json()["role"] == "admin"  # migrations ran

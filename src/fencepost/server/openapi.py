@@ -25,6 +25,7 @@ from fencepost.errors import (
     ValidationError,
 )
 from fencepost.server import schemas
+from fencepost.server.routes import ui
 from fencepost.server.routes.table import ROUTES, Param, RouteSpec
 
 _REF = "#/components/schemas/{name}"
@@ -65,6 +66,19 @@ _HEADERS: dict[str, dict[str, Any]] = {
     "X-Queued-Ms": {
         "description": "How long this acquire waited in line.",
         "required": True, "schema": {"type": "integer", "minimum": 0},
+    },
+    "Content-Security-Policy": {
+        "description": "The console runs only this origin's script and style, and talks only "
+                       "to this origin.",
+        "required": True, "schema": {"const": ui.CONTENT_SECURITY_POLICY},
+    },
+    "X-Content-Type-Options": {
+        "description": "Browsers take the content type as sent.",
+        "required": True, "schema": {"const": "nosniff"},
+    },
+    "Referrer-Policy": {
+        "description": "No page address leaves the console.",
+        "required": True, "schema": {"const": "no-referrer"},
     },
 }
 
@@ -159,7 +173,8 @@ def _operation(route: RouteSpec) -> dict[str, Any]:
         responses[str(status)] = {
             "description": text,
             "headers": _header_refs(["X-Request-Id", *route.response_headers]),
-            "content": ({"text/html": {"schema": {"type": "string"}}} if body is str
+            "content": ({kind: {"schema": {"type": "string"}} for kind in route.text_types}
+                        if body is str
                         else {_JSON: {"schema": _schema(body)}}),
         }
     for status, errors in sorted(_errors(route).items()):

@@ -27,7 +27,7 @@ from fencepost.errors import (
 )
 from fencepost.server import schemas
 from fencepost.server.listing import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT
-from fencepost.server.routes import docs, keys, locks, pools, system
+from fencepost.server.routes import docs, keys, locks, pools, system, ui
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +54,9 @@ class RouteSpec:
     body: type | None = None
     body_optional: bool = False  # an empty body is accepted too
     # (status, body Struct or a tuple of them when either may come, description);
-    # `dict` is any JSON object, `str` an HTML page
+    # `dict` is any JSON object, `str` text of one of `text_types`
     responses: tuple[tuple[int, type | tuple[type, ...] | None, str], ...] = ()
+    text_types: tuple[str, ...] = ("text/html",)  # what a `str` answer may be
     errors: tuple[type[FencepostError], ...] = ()  # raised by this route itself
     params: tuple[Param, ...] = ()  # header and query parameters
     response_headers: tuple[str, ...] = ()  # sent with the 2xx answer
@@ -79,6 +80,10 @@ PATH_PARAMS = {
     "id": Param(
         "id", "path", {"type": "string", "minLength": 1, "maxLength": 64},
         "The key's id (as in GET /v1/keys).", True, NotFound,
+    ),
+    "asset": Param(
+        "asset", "path", {"type": "string", "enum": sorted(ui.ASSETS)},
+        "One of the console's static files.", True, NotFound,
     ),
 }
 _UUID = {"type": "string", "format": "uuid"}
@@ -235,5 +240,19 @@ ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec(
         "GET", "/docs", docs.api_docs, "getApiReference", "This reference as a web page", None,
         responses=((200, str, "The API reference as one HTML page (no scripts)."),),
+    ),
+    RouteSpec(
+        "GET", "/ui", ui.page, "getConsole", "The web console", None,
+        responses=((200, str, "The console's page; it asks for an API key and calls this "
+                    "API with it from the browser."),),
+        response_headers=ui.SECURITY_HEADER_NAMES,
+    ),
+    RouteSpec(
+        "GET", "/ui/{asset}", ui.asset, "getConsoleAsset", "A static file of the web console",
+        None,
+        responses=((200, str, "The file: the console's script or style sheet."),),
+        errors=(NotFound,),
+        text_types=tuple(sorted({t.split(";")[0] for t in ui.ASSETS.values()})),
+        response_headers=ui.SECURITY_HEADER_NAMES,
     ),
 )
