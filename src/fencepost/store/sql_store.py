@@ -202,7 +202,9 @@ class SqlStore:
     ) -> SlotAttempt:
         place = None if wait_alive_ms is None else self._place(wait_alive_ms)
         return await self._writer.run(
-            lambda tx: slot_holders.stamp_holder(tx, pools.acquire(tx, project, pool, place), key_id)
+            lambda tx: slot_holders.stamp_holder(
+                tx, pools.acquire(tx, project, pool, place), key_id
+            )
         )
 
     async def retry_slot_waiter(
