@@ -7,11 +7,11 @@ import asyncio
 from datetime import timedelta
 
 import pytest
+from support import ServerProcess, unique_name
 
 import fencepost
 from fencepost.client import KeyHolder, SlotHolder
 from fencepost.errors import NotFound
-from support import ServerProcess, unique_name
 
 
 async def test_get_lock_names_the_holder_and_the_line(server: ServerProcess) -> None:
@@ -52,7 +52,8 @@ def test_list_slots_shows_holders_not_slot_ids(server: ServerProcess) -> None:
         grant = c.acquire_slot(name)
         [slot] = c.list_slots(name)
         assert isinstance(slot, SlotHolder)
-        assert grant.slot_id.startswith(slot.slot_id_prefix) and slot.slot_id_prefix != grant.slot_id
+        assert grant.slot_id.startswith(slot.slot_id_prefix)
+        assert slot.slot_id_prefix != grant.slot_id
         assert slot.key_id == c.whoami().key_id
         assert (slot.lease_deadline, slot.request_deadline) == (
             grant.lease_deadline, grant.request_deadline

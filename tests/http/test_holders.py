@@ -10,7 +10,6 @@ from typing import Any
 
 import httpx
 import pytest
-
 from support import ServerProcess, lock_headers, new_token, unique_name
 
 
@@ -180,7 +179,7 @@ def test_slots_show_holders_and_only_a_prefix_of_each_id(
     assert [(s["key_id"], s["key_name"]) for s in slots] == [
         (keys.alice["id"], "alice"), (keys.bob["id"], "bob")
     ]
-    for shown, granted in zip(slots, (mine, theirs)):
+    for shown, granted in zip(slots, (mine, theirs), strict=True):
         assert set(shown) == {
             "slot_id_prefix", "key_id", "key_name", "acquired_at", "lease_deadline",
             "request_deadline",

@@ -13,7 +13,6 @@ from typing import Any
 
 import httpx
 import pytest
-
 from support import ServerProcess, lock_headers, new_token, unique_name
 
 

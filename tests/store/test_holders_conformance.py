@@ -109,7 +109,7 @@ async def test_slots_list_their_holders_without_the_slot_id(store, clock):
         (KeyRef(alice, "alice"), first.slot.acquired_ms),
         (KeyRef(bob, "bob"), first.slot.acquired_ms + 5),
     ]
-    for shown, granted in zip(slots, (first.slot, second.slot)):
+    for shown, granted in zip(slots, (first.slot, second.slot), strict=True):
         assert granted.slot_id.startswith(shown.slot_id_prefix)
         assert len(shown.slot_id_prefix) < len(granted.slot_id) - 16
         assert shown.lease_deadline_ms == granted.lease_deadline_ms
