@@ -16,7 +16,7 @@ from support import ServerProcess, lock_headers, new_token, unique_name
 TS_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
 STATE_FIELDS = {
     "key", "held", "fencing_token", "operation", "acquired_at", "expires_at", "deadline_at",
-    "on_expiry", "overdue", "metadata", "waiters",
+    "on_expiry", "overdue", "metadata", "waiters", "holder", "line",
 }
 
 

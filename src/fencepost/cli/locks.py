@@ -10,7 +10,15 @@ from fencepost.cli.common import Ctx, api_command, connection_options, follow_pa
 from fencepost.cli.params import JSON_OBJECT, NAME, UUID
 from fencepost.cli.progress import ProgressLine, lock_waiting, while_waiting
 from fencepost.cli.quiet import check_output_mode, emit_created, quiet_option
-from fencepost.cli.render import compact_json, duration, fields, relative, table, when
+from fencepost.cli.render import (
+    compact_json,
+    duration,
+    fields,
+    key_label,
+    relative,
+    table,
+    when,
+)
 from fencepost.client.models import LockInfo
 from fencepost.client.wire import new_token
 
@@ -99,11 +107,25 @@ async def release(ctx: Ctx, key: str, token: str) -> None:
              else f"lock {key} was not held by this token; nothing to release")
 
 
+def _line(info: LockInfo) -> str:
+    """The waiters in order, each with how long it has waited and will wait."""
+    if not info.waiters:
+        return ""
+    rows = [[str(place), key_label(w.key_id, w.key_name),
+             relative(w.since_at), relative(w.gives_up_at)]
+            for place, w in enumerate(info.line, start=1)]
+    more = info.waiters - len(info.line)
+    return "\nline:\n" + table(["#", "KEY", "SINCE", "GIVES UP"], rows) + (
+        f"\n... and {more} more" if more > 0 else "")
+
+
 def _describe(info: LockInfo) -> str:
     if not info.held:
         waiting = f" ({info.waiters} waiting)" if info.waiters else ""
-        return f"{info.key}: free{waiting}"
+        return f"{info.key}: free{waiting}" + _line(info)
+    holder = info.holder
     return f"{info.key}: held, fencing token {info.fencing_token}\n" + fields([
+        ("holder", key_label(holder.key_id, holder.key_name) if holder else None),
         ("operation", info.operation),
         ("acquired", when(info.acquired_at)),
         ("expires", when(info.expires_at) + (" OVERDUE" if info.overdue else "")),
@@ -111,7 +133,7 @@ def _describe(info: LockInfo) -> str:
         ("on expiry", info.on_expiry),
         ("waiters", info.waiters),
         ("metadata", compact_json(info.metadata) if info.metadata else None),
-    ])
+    ]) + _line(info)
 
 
 @lock.command("show")
@@ -119,7 +141,8 @@ def _describe(info: LockInfo) -> str:
 @connection_options
 @api_command
 async def show(ctx: Ctx, key: str) -> None:
-    """Show lock KEY: holder's operation, fencing token, expiry, waiters."""
+    """Show lock KEY: who holds it (API key), operation, fencing token, expiry,
+    and who waits in line (in order)."""
     async with ctx.client() as client:
         info = await client.get_lock(key)
     ctx.emit(info.to_dict(), lambda: _describe(info))
@@ -141,8 +164,9 @@ async def list_(ctx: Ctx, prefix: str | None, limit: int) -> None:
 
         locks, after = await follow_pages(fetch, limit)
     ctx.emit({"locks": [i.to_dict() for i in locks], "next": after}, lambda: table(
-        ["KEY", "TOKEN", "OPERATION", "HELD FOR", "EXPIRES", "WAITERS"],
-        [[i.key, i.fencing_token, i.operation,
+        ["KEY", "HOLDER", "TOKEN", "OPERATION", "HELD FOR", "EXPIRES", "WAITERS"],
+        [[i.key, (i.holder.key_name or i.holder.key_id) if i.holder else None,
+          i.fencing_token, i.operation,
           relative(i.acquired_at).removesuffix(" ago") if i.acquired_at else None,
           "overdue" if i.overdue else relative(i.expires_at), i.waiters] for i in locks],
     ) if locks else "no locks held")

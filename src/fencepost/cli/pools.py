@@ -8,9 +8,9 @@ from fencepost.cli.common import Ctx, api_command, connection_options, follow_pa
 from fencepost.cli.params import HEADER, NAME
 from fencepost.cli.progress import ProgressLine, slot_waiting, while_waiting
 from fencepost.cli.quiet import check_output_mode, emit_created, quiet_option
-from fencepost.cli.render import duration, epoch_ms, fields, relative, table
+from fencepost.cli.render import duration, epoch_ms, fields, key_label, relative, table
 from fencepost.client import Outcome
-from fencepost.client.models import PoolInfo
+from fencepost.client.models import PoolInfo, SlotHolder
 from fencepost.client.outcome import rate_headers
 
 MS = click.IntRange(min=0)
@@ -84,15 +84,30 @@ def _describe(info: PoolInfo) -> str:
            ])
 
 
+def _slots(slots: list[SlotHolder]) -> str:
+    if not slots:
+        return "no live slots"
+    return table(
+        ["SLOT", "KEY", "HELD FOR", "LAPSES", "REQUEST DEADLINE"],
+        [[s.slot_id_prefix + "...", key_label(s.key_id, s.key_name),
+          relative(s.acquired_at).removesuffix(" ago"),
+          relative(epoch_ms(s.lease_deadline)), relative(epoch_ms(s.request_deadline))]
+         for s in slots],
+    )
+
+
 @pool.command("show")
 @click.argument("name", type=NAME)
 @connection_options
 @api_command
 async def show(ctx: Ctx, name: str) -> None:
-    """Show pool NAME: configuration, slots in use, waiters."""
+    """Show pool NAME: configuration, slots in use, waiters, and who holds each
+    live slot (the API key; only a prefix of each slot id)."""
     async with ctx.client() as client:
         info = await client.get_pool(name)
-    ctx.emit(info.to_dict(), lambda: _describe(info))
+        slots = await client.list_slots(name)
+    ctx.emit({**info.to_dict(), "slots": [s.to_dict() for s in slots]},
+             lambda: _describe(info) + "\n" + _slots(slots))
 
 
 @pool.command("list")

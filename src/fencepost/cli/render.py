@@ -69,3 +69,11 @@ def fields(pairs: Sequence[tuple[str, Any]]) -> str:
 
 def compact_json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+def key_label(key_id: str | None, key_name: str | None) -> str:
+    """An API key as a holder or waiter: `deployer (key_1a2b...)`, the id alone
+    for a key without a name, `-` when unknown."""
+    if key_id is None:
+        return "-"
+    return f"{key_name} ({key_id})" if key_name else key_id

@@ -57,10 +57,14 @@ def _save_secret(path: Path, secret: str) -> None:
               help="Serve HTTPS with this certificate (chain) file; needs --tls-key.")
 @click.option("--tls-key", envvar="FENCEPOST_TLS_KEY", default=None, metavar="PEM",
               help="The private key of --tls-cert.")
+@click.option("--drain-seconds", envvar="FENCEPOST_DRAIN_SECONDS", default=0.0,
+              show_default=True, type=click.FloatRange(0, 3600),
+              help="On SIGTERM, keep serving this long with /readyz at 503 before the "
+                   "listener closes, so that load balancers stop sending work first.")
 def serve(
     store: str, store_readers: int, host: str, port: int, access_log: str | None,
     trusted_proxies: str, max_connections: int | None, tls_cert: str | None,
-    tls_key: str | None,
+    tls_key: str | None, drain_seconds: float,
 ) -> None:
     """Run the lock service."""
     from fencepost.server.app import AppConfig, create_app
@@ -111,7 +115,8 @@ def serve(
         backend,
         AppConfig(access_log=access_log, bootstrap_key=bootstrap_key, on_bootstrap=announce),
     )
-    run_server(app, host, port, proxies, max_connections, tls, on_ready=ready)
+    run_server(app, host, port, proxies, max_connections, tls, on_ready=ready,
+               drain_seconds=drain_seconds)
 
 
 @click.group()

@@ -19,6 +19,7 @@ from fencepost.client.models import (
     CreatedKey,
     ForceRelease,
     Health,
+    KeyHolder,
     KeyInfo,
     Lease,
     LeaseRenewal,
@@ -27,7 +28,9 @@ from fencepost.client.models import (
     PoolInfo,
     PoolPage,
     SlotGrant,
+    SlotHolder,
     SlotRenewal,
+    Waiter,
     WhoAmI,
 )
 from fencepost.client.outcome import Outcome, outcome_from_response
@@ -46,6 +49,7 @@ __all__ = [
     "CreatedKey",
     "ForceRelease",
     "Health",
+    "KeyHolder",
     "KeyInfo",
     "Lease",
     "LeaseRenewal",
@@ -61,7 +65,9 @@ __all__ = [
     "Settings",
     "SlotGrant",
     "SlotHold",
+    "SlotHolder",
     "SlotRenewal",
+    "Waiter",
     "WhoAmI",
     "outcome_from_response",
 ]

@@ -101,6 +101,7 @@ class Methods:
     set_pool = operation(ops.set_pool)
     get_pool = operation(ops.get_pool)
     list_pools = operation(ops.list_pools)
+    list_slots = operation(ops.list_slots)
     delete_pool = operation(ops.delete_pool)
     acquire_slot = operation(ops.acquire_slot)
     renew_slot = operation(ops.renew_slot)

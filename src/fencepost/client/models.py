@@ -87,6 +87,25 @@ class LockInfo(Model, frozen=True, kw_only=True):
     overdue: bool = False
     metadata: dict[str, Any] | None = None
     waiters: int = 0
+    holder: KeyHolder | None = None
+    line: list[Waiter] = []
+
+
+class KeyHolder(Model, frozen=True, kw_only=True):
+    """The API key that took a lease or slot: its id and name, never a secret.
+    Both None for one taken before the server recorded keys."""
+
+    key_id: str | None = None
+    key_name: str | None = None
+
+
+class Waiter(Model, frozen=True, kw_only=True):
+    """One caller waiting in a lock's line (`LockInfo.line`, in arrival order)."""
+
+    key_id: str | None = None
+    key_name: str | None = None
+    since_at: datetime | None = None
+    gives_up_at: datetime | None = None
 
 
 class LockPage(Model, frozen=True, kw_only=True):
@@ -126,6 +145,24 @@ class PoolInfo(Model, frozen=True, kw_only=True):
     queued: int | None = None
     effective_limit: int | None = None
     stats: dict[str, Any] | None = None
+
+
+class SlotHolder(Model, frozen=True, kw_only=True):
+    """A live slot of a pool as readers see it (SPEC §4.1): only a prefix of its
+    id (the whole id is its holder's); deadlines are epoch milliseconds."""
+
+    slot_id_prefix: str
+    key_id: str | None = None
+    key_name: str | None = None
+    acquired_at: datetime
+    lease_deadline: int
+    request_deadline: int
+
+
+class SlotList(Model, frozen=True, kw_only=True):
+    """`GET /v1/pools/{pool}/slots`; the client returns its `slots`."""
+
+    slots: list[SlotHolder]
 
 
 class PoolPage(Model, frozen=True, kw_only=True):

@@ -30,6 +30,8 @@ from fencepost.client.models import (
     PoolPage,
     Role,
     SlotGrant,
+    SlotHolder,
+    SlotList,
     SlotRenewal,
     WhoAmI,
 )
@@ -225,6 +227,16 @@ def set_pool(
 def get_pool(name: str) -> Op[PoolInfo]:
     """Pool `name`'s configuration and live state (`in_use`, `queued`, ...)."""
     return _one(Call("GET", _pool_path(name), decode_as(PoolInfo)))
+
+
+def _decode_slots(reply: Reply) -> list[SlotHolder]:
+    return parse_body(reply, SlotList).slots
+
+
+def list_slots(pool: str) -> Op[list[SlotHolder]]:
+    """Who holds pool `pool`'s live slots, oldest first (only a prefix of each
+    slot id). Raises `NotFound` when there is no such pool."""
+    return _one(Call("GET", f"{_pool_path(pool)}/slots", _decode_slots))
 
 
 def list_pools(

@@ -45,6 +45,7 @@ class Lease:
     operation: str | None
     metadata_json: str | None
     on_expiry: OnExpiry
+    key_id: str | None = None  # the API key that took it (shown, never the lock token)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +55,8 @@ class AcquireRequest:
     operation: str | None = None
     metadata_json: str | None = None
     on_expiry: OnExpiry = OnExpiry.RELEASE
+    key_id: str | None = None  # the caller's API key
+    wait_ms: int = 0  # how long the caller will wait in line; 0 fails fast
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +103,7 @@ def new_lease(key: str, request: AcquireRequest, now_ms: int, fencing_token: int
         operation=request.operation,
         metadata_json=request.metadata_json,
         on_expiry=request.on_expiry,
+        key_id=request.key_id,
     )
 
 

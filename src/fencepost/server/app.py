@@ -112,9 +112,14 @@ class App:
             self.config.on_bootstrap(secret, self.config.bootstrap_key is None)
         self._reaper = asyncio.create_task(_reap_forever(self.store))
 
-    def begin_shutdown(self) -> None:
-        """Answer parked waiters (503) so that a stop is prompt."""
+    def stop_being_ready(self) -> None:
+        """/readyz (and /healthz) answer 503 from now on; everything else still
+        serves (the drain before the listener closes)."""
         self.shutting_down = True
+
+    def begin_shutdown(self) -> None:
+        """Not ready, and parked waiters are answered (503) so that a stop is prompt."""
+        self.stop_being_ready()
         self.services.waiters.shut()
 
     async def shutdown(self) -> None:

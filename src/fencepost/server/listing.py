@@ -40,6 +40,17 @@ def list_query(request: Request) -> tuple[str, str | None, int]:
     return prefix, after, limit
 
 
+def no_query(request: Request) -> None:
+    """Routes that take no query parameters refuse any, naming each (a typo
+    such as `?limt=5` must not pass silently)."""
+    details = [
+        {"field": name, "message": "unknown query parameter"}
+        for name in request.query_params.keys()
+    ]
+    if details:
+        raise ValidationError(details)
+
+
 def page(fetched: list[T], limit: int, name_of: Callable[[T], str]) -> tuple[list[T], str | None]:
     """One page from `limit + 1` fetched items, and the cursor for the next page
     (None when this is the last): fetching one extra tells whether more exist."""

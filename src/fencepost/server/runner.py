@@ -27,18 +27,20 @@ _POLL_S = 0.02
 def serve(
     app: App, host: str, port: int, trusted_proxies: list[str] | None = None,
     max_connections: int | None = None, tls: ssl.SSLContext | None = None,
-    on_ready: Callable[[int], None] | None = None,
+    on_ready: Callable[[int], None] | None = None, drain_seconds: float = 0.0,
 ) -> None:
     """Run until SIGTERM/SIGINT (exit 0 after a graceful stop); exit 1, after one
     line on stderr, when the address cannot be bound or the store cannot be
     opened. `on_ready(port)` is called once the server listens with its store
     open, never before. X-Forwarded-For is believed only from `trusted_proxies`.
     More than `max_connections` open connections are refused with a 503
-    (default: see `connection_cap`). With `tls` (see `tls_context`), HTTPS only."""
+    (default: see `connection_cap`). With `tls` (see `tls_context`), HTTPS only.
+    On SIGTERM, /readyz turns 503 at once and everything else keeps serving for
+    `drain_seconds` (see `_stop`)."""
     proxies = TrustedProxies(list(trusted_proxies or []))
     cap = connection_cap(max_connections)
     try:
-        ok = _run(_serve(app, host, port, proxies, cap, tls, on_ready))
+        ok = _run(_serve(app, host, port, proxies, cap, tls, on_ready, drain_seconds))
     except KeyboardInterrupt:  # a second Ctrl-C while stopping
         ok = True
     if not ok:
@@ -93,6 +95,7 @@ def _one_line(text: object) -> str:
 async def _serve(
     app: App, host: str, port: int, proxies: TrustedProxies, max_connections: int,
     tls: ssl.SSLContext | None, on_ready: Callable[[int], None] | None,
+    drain_seconds: float = 0.0,
 ) -> bool:
     loop = asyncio.get_running_loop()
     connections = Connections(app, app.handle, app.refuse, proxies, max_connections)
@@ -128,13 +131,30 @@ async def _serve(
     if on_ready is not None:
         on_ready(int(server.sockets[0].getsockname()[1]))
 
-    stop = asyncio.Event()
+    signals = _Signals(connections)
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, _on_signal, stop, connections)
-    await stop.wait()
+        loop.add_signal_handler(sig, signals.received)
+    await signals.stop.wait()
+    await _stop(app, server, connections, signals, drain_seconds)
+    return True
 
-    # Graceful stop: no new connections, parked waiters answered at once (503),
-    # idle connections closed, busy ones given time to finish their response.
+
+async def _stop(
+    app: App, server: asyncio.Server, connections: Connections, signals: _Signals,
+    drain_seconds: float,
+) -> None:
+    """The graceful stop (SPEC §6), in the order load balancers need:
+    1. readiness off at once, so that they stop sending new work here;
+    2. everything else keeps serving for `drain_seconds`, the time they take to
+       notice (their probe interval times the failures they wait for);
+    3. the listener closes (new connections are refused), parked waiters are
+       answered 503 shutting_down, idle connections close, and requests in
+       flight get GRACEFUL_SHUTDOWN_S to finish."""
+    app.stop_being_ready()
+    if drain_seconds > 0:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(signals.hurry.wait(), drain_seconds)
+    loop = asyncio.get_running_loop()
     server.close()
     app.begin_shutdown()
     connections.shut()
@@ -144,10 +164,21 @@ async def _serve(
     connections.abort()
     await asyncio.sleep(0)  # let the aborted transports report connection_lost
     await app.shutdown()
-    return True
 
 
-def _on_signal(stop: asyncio.Event, connections: Connections) -> None:
-    if stop.is_set():
-        connections.aborted = True  # asked twice: stop waiting for requests
-    stop.set()
+class _Signals:
+    """SIGTERM/SIGINT: the first starts the stop; one during the drain ends the
+    drain early; one after it stops waiting for requests in flight."""
+
+    def __init__(self, connections: Connections) -> None:
+        self.stop = asyncio.Event()
+        self.hurry = asyncio.Event()
+        self._connections = connections
+
+    def received(self) -> None:
+        if not self.stop.is_set():
+            self.stop.set()
+        elif not self.hurry.is_set():
+            self.hurry.set()
+        else:
+            self._connections.aborted = True

@@ -84,6 +84,25 @@ class LockState(msgspec.Struct):
     overdue: bool
     metadata: dict[str, Any] | None
     waiters: int
+    holder: KeyHolder | None
+    line: list[LineWaiter]
+
+
+class KeyHolder(msgspec.Struct):
+    """The API key that took a lease or slot (null id and name: taken before
+    keys were recorded). Never a secret or a lock token."""
+
+    key_id: str | None
+    key_name: str | None
+
+
+class LineWaiter(msgspec.Struct):
+    """One caller waiting in a lock's line, in arrival order."""
+
+    key_id: str | None
+    key_name: str | None
+    since_at: At | None
+    gives_up_at: At | None
 
 
 class LockList(msgspec.Struct):
@@ -263,6 +282,22 @@ class PoolState(msgspec.Struct):
 class PoolList(msgspec.Struct):
     pools: list[PoolState]
     next: str | None
+
+
+class SlotHolder(msgspec.Struct):
+    """A live slot as readers see it: only a prefix of its id (the whole id is
+    its holder's capability)."""
+
+    slot_id_prefix: str
+    key_id: str | None
+    key_name: str | None
+    acquired_at: At
+    lease_deadline: int
+    request_deadline: int
+
+
+class SlotList(msgspec.Struct):
+    slots: list[SlotHolder]
 
 
 class Deleted(msgspec.Struct):

@@ -46,12 +46,48 @@ class AcquireResult:
     ticket: int | None = None  # set when the caller was put in line to wait
 
 
+# How many waiters a lock's view lists; `waiters` still counts them all.
+LINE_SHOWN = 100
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRef:
+    """An API key as other callers of its project may see it: never its secret.
+    Both None for a lease or waiter recorded before keys were stamped on them."""
+
+    key_id: str | None
+    key_name: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class WaiterView:
+    """One caller in a lock's line (the lock token is never shown)."""
+
+    key: KeyRef
+    since_ms: int | None  # when it joined the line (None: recorded before this was kept)
+    gives_up_ms: int | None  # when its wait ends
+
+
 @dataclass(frozen=True, slots=True)
 class LockView:
     key: str
     lease: Lease | None  # None: not held (never held, released, or dead)
     waiters: int
     now_ms: int
+    holder: KeyRef | None = None  # the key that took the lease; None when not held
+    line: tuple[WaiterView, ...] = ()  # the first LINE_SHOWN waiters, in order
+
+
+@dataclass(frozen=True, slots=True)
+class SlotHolderView:
+    """A live slot as readers see it: a prefix of its id, never the whole
+    (the full slot id is its holder's capability)."""
+
+    slot_id_prefix: str
+    key: KeyRef
+    acquired_ms: int
+    lease_deadline_ms: int
+    request_deadline_ms: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,16 +259,20 @@ class Store(Protocol):
         """Remove the pool, its slots and its line; False when there is no such pool."""
 
     async def acquire_slot(
-        self, project: str, pool: str, *, wait_alive_ms: int | None
+        self, project: str, pool: str, *, wait_alive_ms: int | None, key_id: str | None = None
     ) -> SlotAttempt:
         """Admit, queue (when `wait_alive_ms` is given and the queue has room), or
-        refuse. Raises NotFound for an unknown pool."""
+        refuse. Raises NotFound for an unknown pool. A slot admitted records
+        `key_id`, the API key that asked."""
 
     async def retry_slot_waiter(
-        self, project: str, pool: str, ticket: int, alive_ms: int
+        self, project: str, pool: str, ticket: int, alive_ms: int, key_id: str | None = None
     ) -> SlotAttempt:
         """Admit a waiter when a slot is free and no live waiter is ahead of it.
         Raises NotFound when the pool was deleted."""
+
+    async def list_slots(self, project: str, pool: str) -> list[SlotHolderView]:
+        """The pool's live slots, oldest first. Raises NotFound for an unknown pool."""
 
     async def leave_slot_line(self, project: str, pool: str, ticket: int) -> None: ...
 

@@ -24,11 +24,12 @@ from fencepost.store.base import (
     NewKey,
     PoolView,
     SlotAttempt,
+    SlotHolderView,
     SlotReport,
 )
 from fencepost.store.batch import BatchWriter, Engine, Tx
 from fencepost.store.health import WriteHealth, probe_writes
-from fencepost.store.sql import fencing, keys, locks, pools
+from fencepost.store.sql import fencing, keys, locks, pools, slot_holders
 from fencepost.store.sql.known_leases import KnownLeases
 from fencepost.store.sql.replicas import Liveness, Place
 
@@ -197,18 +198,27 @@ class SqlStore:
         return await self._writer.run(lambda tx: pools.delete(tx, project, name))
 
     async def acquire_slot(
-        self, project: str, pool: str, *, wait_alive_ms: int | None
+        self, project: str, pool: str, *, wait_alive_ms: int | None, key_id: str | None = None
     ) -> SlotAttempt:
         place = None if wait_alive_ms is None else self._place(wait_alive_ms)
-        return await self._writer.run(lambda tx: pools.acquire(tx, project, pool, place))
+        return await self._writer.run(
+            lambda tx: slot_holders.stamp_holder(
+                tx, pools.acquire(tx, project, pool, place), key_id
+            )
+        )
 
     async def retry_slot_waiter(
-        self, project: str, pool: str, ticket: int, alive_ms: int
+        self, project: str, pool: str, ticket: int, alive_ms: int, key_id: str | None = None
     ) -> SlotAttempt:
         place = self._place(alive_ms)
         return await self._writer.run(
-            lambda tx: pools.retry_waiter(tx, project, pool, ticket, place)
+            lambda tx: slot_holders.stamp_holder(
+                tx, pools.retry_waiter(tx, project, pool, ticket, place), key_id
+            )
         )
+
+    async def list_slots(self, project: str, pool: str) -> list[SlotHolderView]:
+        return await self._read(lambda tx: slot_holders.list_slots(tx, project, pool))
 
     async def leave_slot_line(self, project: str, pool: str, ticket: int) -> None:
         await self._writer.run(lambda tx: pools.leave_line(tx, project, pool, ticket))

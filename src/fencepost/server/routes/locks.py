@@ -15,11 +15,11 @@ from fencepost.server import schemas
 from fencepost.server.attempts import AttemptLog, get_or_wait
 from fencepost.server.context import endpoint, path_name, request_id, services
 from fencepost.server.http import json_response, required_uuid_header
-from fencepost.server.listing import list_query, page
+from fencepost.server.listing import list_query, no_query, page
 from fencepost.server.messages import Request, Response
 from fencepost.server.validation import decode_body, invalid_field
 from fencepost.server.waiting import WAITER_ALIVE_MS, Attempt, ClientGone
-from fencepost.store.base import AcquireResult, LockView
+from fencepost.store.base import AcquireResult, KeyRef, LockView
 
 
 def grant_body(lease: Lease) -> schemas.LeaseGrant:
@@ -34,13 +34,27 @@ def grant_body(lease: Lease) -> schemas.LeaseGrant:
     )
 
 
+def key_holder(key: KeyRef) -> schemas.KeyHolder:
+    return schemas.KeyHolder(key_id=key.key_id, key_name=key.key_name)
+
+
+def _line(view: LockView) -> list[schemas.LineWaiter]:
+    return [
+        schemas.LineWaiter(
+            key_id=w.key.key_id, key_name=w.key.key_name,
+            since_at=format_at(w.since_ms), gives_up_at=format_at(w.gives_up_ms),
+        )
+        for w in view.line
+    ]
+
+
 def lock_state(view: LockView) -> schemas.LockState:
     lease = view.lease
     if lease is None:
         return schemas.LockState(
             key=view.key, held=False, fencing_token=None, operation=None, acquired_at=None,
             expires_at=None, deadline_at=None, on_expiry=None, overdue=False, metadata=None,
-            waiters=view.waiters,
+            waiters=view.waiters, holder=None, line=_line(view),
         )
     return schemas.LockState(
         key=view.key,
@@ -54,6 +68,8 @@ def lock_state(view: LockView) -> schemas.LockState:
         overdue=rules.is_overdue(lease, view.now_ms),
         metadata=None if lease.metadata_json is None else msgspec.json.decode(lease.metadata_json),
         waiters=view.waiters,
+        holder=key_holder(view.holder or KeyRef(lease.key_id, None)),
+        line=_line(view),
     )
 
 
@@ -84,6 +100,8 @@ async def acquire(request: Request) -> Response:
             operation=body.operation,
             metadata_json=_metadata_json(body.metadata),
             on_expiry=OnExpiry(body.on_expiry),
+            key_id=principal.key_id,
+            wait_ms=round(body.wait_seconds * 1000),
         )
         log.waited = body.wait_seconds > 0
         granted = await _acquire(request, principal.project, key, wanted, body.wait_seconds)
@@ -170,6 +188,7 @@ async def inspect(request: Request) -> Response:
     svc = services(request)
     principal = await svc.auth.authenticate(request, Role.READER)
     key = path_name(request, "key")
+    no_query(request)
     view = await svc.store.get_lock(principal.project, key)
     return json_response(200, lock_state(view))
 

@@ -23,7 +23,7 @@ from fencepost.server import schemas
 from fencepost.server.attempts import AttemptLog, get_or_wait
 from fencepost.server.context import endpoint, path_name, services
 from fencepost.server.http import json_response
-from fencepost.server.listing import list_query, page
+from fencepost.server.listing import list_query, no_query, page
 from fencepost.server.messages import Request, Response
 from fencepost.server.validation import decode_body
 from fencepost.server.waiting import WAITER_ALIVE_MS, Attempt, ClientGone
@@ -108,6 +108,24 @@ async def list_pools(request: Request) -> Response:
 
 
 @endpoint
+async def list_slots(request: Request) -> Response:
+    """GET /v1/pools/{pool}/slots: who holds the live slots (never a whole slot id)."""
+    svc = services(request)
+    principal = await svc.auth.authenticate(request, Role.READER)
+    name = path_name(request, "pool")
+    no_query(request)
+    held = await svc.store.list_slots(principal.project, name)
+    return json_response(200, schemas.SlotList(slots=[
+        schemas.SlotHolder(
+            slot_id_prefix=s.slot_id_prefix, key_id=s.key.key_id, key_name=s.key.key_name,
+            acquired_at=format_at(s.acquired_ms) or "", lease_deadline=s.lease_deadline_ms,
+            request_deadline=s.request_deadline_ms,
+        )
+        for s in held
+    ]))
+
+
+@endpoint
 async def delete_pool(request: Request) -> Response:
     svc = services(request)
     principal = await svc.auth.authenticate(request, Role.ADMIN)
@@ -174,7 +192,7 @@ async def acquire(request: Request) -> Response:
             raise NotFound(f"No pool named {pool!r}.")
         wait_ms = rules.clamp_wait_ms(view.config, wanted_ms, no_queue)
         log.waited = wait_ms > 0
-        admitted = await _acquire(request, principal.project, pool, wait_ms)
+        admitted = await _acquire(request, principal.project, pool, wait_ms, principal.key_id)
     except ClientGone as gone:
         log.failed(gone)
         return Response(status_code=499)
@@ -206,13 +224,19 @@ def _grant_body(slot: Slot, config: PoolConfig) -> schemas.SlotGrant:
     )
 
 
-async def _acquire(request: Request, project: str, pool: str, wait_ms: int) -> SlotAttempt:
+async def _acquire(
+    request: Request, project: str, pool: str, wait_ms: int, key_id: str
+) -> SlotAttempt:
     store = services(request).store
     wait_alive_ms = WAITER_ALIVE_MS if wait_ms > 0 else None
-    first = _attempt(await store.acquire_slot(project, pool, wait_alive_ms=wait_alive_ms))
+    first = _attempt(
+        await store.acquire_slot(project, pool, wait_alive_ms=wait_alive_ms, key_id=key_id)
+    )
 
     async def retry(ticket: int) -> Attempt[SlotAttempt]:
-        return _attempt(await store.retry_slot_waiter(project, pool, ticket, WAITER_ALIVE_MS))
+        return _attempt(
+            await store.retry_slot_waiter(project, pool, ticket, WAITER_ALIVE_MS, key_id)
+        )
 
     async def leave(ticket: int) -> None:
         await store.leave_slot_line(project, pool, ticket)

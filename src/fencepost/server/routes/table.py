@@ -159,6 +159,13 @@ ROUTES: tuple[RouteSpec, ...] = (
         errors=(NotFound,),
     ),
     RouteSpec(
+        "GET", "/v1/pools/{pool}/slots", pools.list_slots, "listSlots",
+        "Who holds a pool's live slots", Role.READER,
+        responses=((200, schemas.SlotList,
+                    "Live slots, oldest first; only a prefix of each slot id."),),
+        errors=(NotFound,),
+    ),
+    RouteSpec(
         "DELETE", "/v1/pools/{pool}", pools.delete_pool, "deletePool", "Delete a pool",
         Role.ADMIN,
         responses=((200, schemas.Deleted, "Deleted; its slots end, its waiters get 404."),),

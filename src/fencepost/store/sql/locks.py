@@ -9,7 +9,15 @@ from typing import Any, Generator
 from fencepost.core import leases as rules
 from fencepost.core.leases import AcquireRequest, Busy, EndReason, Granted, Lease, OnExpiry
 from fencepost.errors import LeaseExpired, LeaseLost
-from fencepost.store.base import AcquireResult, ForceReleased, LockView, lock_freed
+from fencepost.store.base import (
+    LINE_SHOWN,
+    AcquireResult,
+    ForceReleased,
+    KeyRef,
+    LockView,
+    WaiterView,
+    lock_freed,
+)
 from fencepost.store.batch import Cursor, Tx
 from fencepost.store.sql import ended, fencing
 from fencepost.store.sql.known_leases import KnownLeases
@@ -17,8 +25,9 @@ from fencepost.store.sql.replicas import Place
 
 _LEASE_COLUMNS = (
     "key, lock_token, fencing_token, acquired_ms, expires_ms, deadline_ms, "
-    "operation, metadata, on_expiry"
+    "operation, metadata, on_expiry, key_id"
 )
+_LINE_COUNT_COLUMN = 10  # in a row of _LEASE_COLUMNS followed by a waiter count
 _WAITERS_AHEAD = (
     "(SELECT COUNT(*) FROM lock_waiters w "
     "WHERE w.project = ? AND w.key = ? AND w.ticket < ? AND w.alive_until_ms > ?)"
@@ -29,14 +38,15 @@ _LEASE_AND_LINE = (
     "FROM (SELECT 1) AS one LEFT JOIN locks l ON l.project = ? AND l.key = ?"
 )
 _NO_TICKET = 2**62
+_WAITER_COLUMNS = "w.key_id, k.name, w.since_ms, w.gives_up_ms"
 _LEASE_VALUES = (
     "project, key, lock_token, fencing_token, acquired_ms, expires_ms, deadline_ms, dies_ms, "
-    "operation, metadata, on_expiry"
+    "operation, metadata, on_expiry, key_id"
 )
 # Written only in the state the rules were asked about: no lease row (not even
 # a dead one) and no live waiter. Otherwise nothing is written.
 _INSERT_IF_FREE = (
-    f"INSERT INTO locks ({_LEASE_VALUES}) SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? "
+    f"INSERT INTO locks ({_LEASE_VALUES}) SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? "
     "WHERE NOT EXISTS (SELECT 1 FROM lock_waiters "
     "WHERE project = ? AND key = ? AND alive_until_ms > ?) "
     "ON CONFLICT (project, key) DO NOTHING"
@@ -54,6 +64,7 @@ def _lease(row: Any) -> Lease:
         operation=row[6],
         metadata_json=row[7],
         on_expiry=OnExpiry(row[8]),
+        key_id=row[9],
     )
 
 
@@ -71,22 +82,25 @@ def load_line(
     `before_ticket` (all of them when None), in one statement."""
     ahead = before_ticket if before_ticket is not None else _NO_TICKET
     row = tx.execute(_LEASE_AND_LINE, (project, key, ahead, tx.now_ms, project, key)).fetchone()
-    return (None if row[0] is None else _lease(row)), int(row[9])
+    return (None if row[0] is None else _lease(row)), int(row[_LINE_COUNT_COLUMN])
 
 
 def _lease_values(project: str, lease: Lease) -> tuple[Any, ...]:
     return (
         project, lease.key, lease.lock_token, lease.fencing_token, lease.acquired_ms,
         lease.expires_ms, lease.deadline_ms, rules.end_of_life_ms(lease), lease.operation,
-        lease.metadata_json, lease.on_expiry.value,
+        lease.metadata_json, lease.on_expiry.value, lease.key_id,
     )
 
 
 def join_line(tx: Tx, project: str, key: str, request: AcquireRequest, place: Place) -> int:
+    # since/gives_up are only shown (SPEC §3.4); a waiter that rejoins after
+    # being dropped as dead shows its new place, measured from the rejoin.
     row = tx.execute(
-        "INSERT INTO lock_waiters (project, key, lock_token, alive_until_ms, replica) "
-        "VALUES (?, ?, ?, ?, ?) RETURNING ticket",
-        (project, key, request.lock_token, tx.now_ms + place.alive_ms, place.replica),
+        "INSERT INTO lock_waiters (project, key, lock_token, alive_until_ms, replica, "
+        "key_id, since_ms, gives_up_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING ticket",
+        (project, key, request.lock_token, tx.now_ms + place.alive_ms, place.replica,
+         request.key_id, tx.now_ms, tx.now_ms + request.wait_ms),
     ).fetchone()
     return int(row[0])
 
@@ -267,7 +281,49 @@ def view(tx: Tx, project: str, key: str) -> LockView:
     lease, waiting = load_line(tx, project, key)
     if lease is not None and not rules.is_live(lease, tx.now_ms):
         lease = None
-    return LockView(key, lease, waiting, tx.now_ms)
+    holder = None if lease is None else holder_of(tx, lease)
+    line = line_of(tx, project, key) if waiting else ()
+    return LockView(key, lease, waiting, tx.now_ms, holder, line)
+
+
+def holder_of(tx: Tx, lease: Lease) -> KeyRef:
+    if lease.key_id is None:
+        return KeyRef(None, None)
+    row = tx.execute("SELECT name FROM api_keys WHERE id = ?", (lease.key_id,)).fetchone()
+    return KeyRef(lease.key_id, None if row is None else row[0])
+
+
+def _waiter(row: Any) -> WaiterView:
+    return WaiterView(KeyRef(row[0], row[1]), row[2], row[3])
+
+
+def line_of(tx: Tx, project: str, key: str) -> tuple[WaiterView, ...]:
+    """The first LINE_SHOWN live waiters in arrival (ticket) order."""
+    rows = tx.execute(
+        f"SELECT {_WAITER_COLUMNS} FROM lock_waiters w LEFT JOIN api_keys k ON k.id = w.key_id "
+        "WHERE w.project = ? AND w.key = ? AND w.alive_until_ms > ? ORDER BY w.ticket LIMIT ?",
+        (project, key, tx.now_ms, LINE_SHOWN),
+    ).fetchall()
+    return tuple(_waiter(row) for row in rows)
+
+
+def _lines_between(
+    tx: Tx, project: str, first: str, last: str
+) -> dict[str, list[WaiterView]]:
+    """The lines of every lock keyed first..last, at most LINE_SHOWN each, in
+    one statement (a page of the list, not one query per lock)."""
+    rows = tx.execute(
+        f"SELECT * FROM (SELECT w.key, {_WAITER_COLUMNS}, w.ticket, "
+        "ROW_NUMBER() OVER (PARTITION BY w.key ORDER BY w.ticket) AS place "
+        "FROM lock_waiters w LEFT JOIN api_keys k ON k.id = w.key_id "
+        "WHERE w.project = ? AND w.key >= ? AND w.key <= ? AND w.alive_until_ms > ?) AS line "
+        "WHERE place <= ? ORDER BY key, ticket",
+        (project, first, last, tx.now_ms, LINE_SHOWN),
+    ).fetchall()
+    lines: dict[str, list[WaiterView]] = {}
+    for row in rows:
+        lines.setdefault(row[0], []).append(_waiter(row[1:]))
+    return lines
 
 
 def list_views(
@@ -277,24 +333,34 @@ def list_views(
     # exactly the keys starting with prefix (names are ASCII; byte-order collation).
     low = max(prefix, after or "")
     rows = tx.execute(
-        f"SELECT {_LEASE_COLUMNS}, (SELECT COUNT(*) FROM lock_waiters w "
-        "WHERE w.project = l.project AND w.key = l.key AND w.alive_until_ms > ?) "
-        "FROM locks l WHERE project = ? AND key >= ? "
-        "AND key < ? AND key > ? AND dies_ms > ? ORDER BY key LIMIT ?",
+        f"SELECT {', '.join('l.' + c for c in _LEASE_COLUMNS.split(', '))}, "
+        "(SELECT COUNT(*) FROM lock_waiters w "
+        "WHERE w.project = l.project AND w.key = l.key AND w.alive_until_ms > ?), k.name "
+        "FROM locks l LEFT JOIN api_keys k ON k.id = l.key_id WHERE l.project = ? "
+        "AND l.key >= ? AND l.key < ? AND l.key > ? AND l.dies_ms > ? ORDER BY l.key LIMIT ?",
         (tx.now_ms, project, low, prefix + "\U0010ffff", after or "", tx.now_ms, limit),
     ).fetchall()
-    return [LockView(row[0], _lease(row), int(row[9]), tx.now_ms) for row in rows]
+    waited = [row[0] for row in rows if row[_LINE_COUNT_COLUMN]]
+    lines = _lines_between(tx, project, waited[0], waited[-1]) if waited else {}
+    return [
+        LockView(
+            row[0], _lease(row), int(row[_LINE_COUNT_COLUMN]), tx.now_ms,
+            KeyRef(row[9], row[_LINE_COUNT_COLUMN + 1]), tuple(lines.get(row[0], ())),
+        )
+        for row in rows
+    ]
 
 
 def write_lease(tx: Tx, project: str, lease: Lease) -> None:
     tx.execute(
         f"INSERT INTO locks ({_LEASE_VALUES}) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
         "ON CONFLICT (project, key) DO UPDATE SET lock_token = excluded.lock_token, "
         "fencing_token = excluded.fencing_token, acquired_ms = excluded.acquired_ms, "
         "expires_ms = excluded.expires_ms, deadline_ms = excluded.deadline_ms, "
         "dies_ms = excluded.dies_ms, operation = excluded.operation, "
-        "metadata = excluded.metadata, on_expiry = excluded.on_expiry",
+        "metadata = excluded.metadata, on_expiry = excluded.on_expiry, "
+        "key_id = excluded.key_id",
         _lease_values(project, lease),
     )
     # An older ended_leases row for this token (a token reused after its lease
