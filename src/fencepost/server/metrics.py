@@ -15,7 +15,7 @@ lock keys are never labels; pools are (pools are few and made by admins).
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from prometheus_client import (
     CollectorRegistry,
@@ -122,6 +122,7 @@ class Metrics:
         # The request path's children, made once per (method, route, status):
         # afterwards a request costs one dict lookup, an inc and an observe.
         self._children: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
+        self._labelled: dict[tuple[Any, tuple[str, ...]], Any] = {}
 
     # --- the request path ---------------------------------------------------
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
@@ -133,19 +134,27 @@ class Metrics:
         children[0].inc()
         children[1].observe(seconds)
 
+    def _child(self, metric: Any, *labels: str) -> Any:
+        """`metric.labels(*labels)`, made once: `labels()` alone costs more than
+        the inc or observe it serves."""
+        child = self._labelled.get((metric, labels))
+        if child is None:
+            child = self._labelled[(metric, labels)] = metric.labels(*labels)
+        return child
+
     # --- the event hub's subscriber ------------------------------------------
     def on_event(self, event: Event) -> None:
-        if isinstance(event, Granted):
-            self.granted.labels(event.kind).inc()
+        if isinstance(event, AcquireAttempt):
+            self._child(self.acquires, event.kind, event.outcome).inc()
+            self._child(self.waited, event.kind).observe(event.waited_s)
+        elif isinstance(event, Granted):
+            self._child(self.granted, event.kind).inc()
             if event.kind == "slot":
-                self.admissions.labels(event.project, event.name).inc()
+                self._child(self.admissions, event.project, event.name).inc()
         elif isinstance(event, Ended):
-            self.ended.labels(event.kind, event.reason).inc(event.count)
+            self._child(self.ended, event.kind, event.reason).inc(event.count)
             if event.held_ms is not None:
-                self.held.labels(event.kind).observe(event.held_ms / 1000)
-        elif isinstance(event, AcquireAttempt):
-            self.acquires.labels(event.kind, event.outcome).inc()
-            self.waited.labels(event.kind).observe(event.waited_s)
+                self._child(self.held, event.kind).observe(event.held_ms / 1000)
         elif isinstance(event, Lost):
             self.lost.labels(event.reason or event.code).inc()
         elif isinstance(event, Refused):
