@@ -32,8 +32,11 @@ class Origin:
     key_id: str
 
 
-# The request the running task serves (set per request task; the reaper runs
-# with none). The store's batch writer reads it when an operation is submitted.
+# The request the running task serves, set once it is authenticated (the
+# reaper runs with none). The store's batch writer reads it when an operation
+# is queued. Only authenticated requests make store writes that report events,
+# so a value a task inherited from an earlier request on its connection is
+# replaced before it could be read.
 ORIGIN: ContextVar[Origin | None] = ContextVar("fencepost_origin", default=None)
 
 

@@ -6,6 +6,9 @@ and key ID, and never a secret. Standard error carries JSON lines only."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -13,7 +16,7 @@ from typing import Any, Callable, Iterator
 import httpx
 import pytest
 
-from support import ServerProcess, lock_headers, new_token, unique_name
+from support import ServerProcess, lock_headers, new_token, track, unique_name
 
 
 def lines(path: Path) -> list[dict[str, Any]]:
@@ -169,3 +172,16 @@ def test_standard_error_carries_json_lines_only(tmp_path: Path) -> None:
     assert {"app", "event"} <= kinds, logged
     assert any(line.get("event") == "lease.granted" for line in logged)
     assert any("serving on http://" in line.get("message", "") for line in logged)
+
+
+def test_an_event_log_in_a_missing_folder_is_refused_before_anything_is_made(
+        tmp_path: Path) -> None:
+    proc = track(subprocess.Popen(
+        [sys.executable, "-m", "fencepost", "serve", "--port", "0",
+         "--store", f"sqlite:///{tmp_path}/fp.db", "--event-log", str(tmp_path / "no" / "e.log")],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("FENCEPOST_")}))
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2, (out, err)
+    assert "--event-log" in err and "does not exist" in err and "Traceback" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

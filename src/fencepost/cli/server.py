@@ -30,6 +30,15 @@ def _bootstrap_file(store_url: str) -> Path:
     return Path("fencepost.admin-key")
 
 
+def _check_log_target(option: str, target: str | None) -> None:
+    """A log file's folder must exist: refused before anything is created."""
+    if target in (None, "", "-", "stderr"):
+        return
+    folder = Path(str(target)).parent
+    if not folder.is_dir():
+        raise click.UsageError(f"{option}: the folder {str(folder)!r} does not exist.")
+
+
 def _save_secret(path: Path, secret: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
@@ -88,6 +97,8 @@ def serve(
         tls = tls_context(tls_cert, tls_key) if tls_cert and tls_key else None
     except ValueError as exc:
         raise click.UsageError(f"TLS: {exc}") from None
+    for option, target in (("--access-log", access_log), ("--event-log", event_log)):
+        _check_log_target(option, target)
     proxies = [p.strip() for p in trusted_proxies.split(",") if p.strip()]
     try:
         TrustedProxies(proxies)
