@@ -229,3 +229,38 @@ def test_replicas_each_count_their_own_and_share_the_store_state(tmp_path: Path)
         finally:
             b.stop()
             a.stop()
+
+
+def test_pool_reports_and_rates_reach_the_pool_series(metered: ServerProcess) -> None:
+    srv = metered
+    pool, paced = unique_name("thr"), unique_name("rpm")
+    at_pool = {"project": "default", "pool": pool}
+    with srv.client() as c:
+        assert c.put(f"/v1/pools/{pool}", json={"limit": 4}).status_code == 201
+        assert c.put(f"/v1/pools/{paced}", json={"limit": 4, "rpm": 600}).status_code == 201
+        for report in ({"status": 429}, {"status": 200, "throttled": 3}):
+            slot = c.post(f"/v1/pools/{pool}/lock/acquire", json={}).json()["slot_id"]
+            done = c.post(f"/v1/pools/{pool}/lock/{slot}/release", json=report)
+            assert done.json() == {"released": True}, done.text
+    seen = scrape(srv)
+    assert value(seen, "fencepost_pool_reported_429_total", **at_pool) == 1
+    assert value(seen, "fencepost_pool_reported_throttled_total", **at_pool) == 3
+    assert value(seen, "fencepost_pool_released_total", **at_pool) == 2
+    assert value(seen, "fencepost_pool_admissions_total", **at_pool) == 2
+    assert value(seen, "fencepost_leases_ended_total", kind="slot", reason="released") == 2
+    assert value(seen, "fencepost_lease_held_seconds_count", kind="slot") == 2
+    # A rate is a gauge only where the pool has one.
+    assert value(seen, "fencepost_pool_learned_rpm", project="default", pool=paced) == 600
+    assert ("fencepost_pool_learned_rpm", frozenset(at_pool.items())) not in seen
+
+
+def test_an_overdue_keep_lease_is_counted(metered: ServerProcess) -> None:
+    """What the FencepostLockOverdue alert watches: a `keep` lease past its
+    expiry, still held."""
+    srv = metered
+    with srv.client() as c:
+        assert acquire(c, unique_name("keep"), new_token(), ttl_seconds=5,
+                       on_expiry="keep").status_code == 201
+    wait_until(lambda: value(scrape(srv), "fencepost_leases_overdue") == 1,
+               "the keep lease to be overdue")
+    assert value(scrape(srv), "fencepost_leases_live", kind="lock") == 1
