@@ -39,15 +39,18 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure(stream: IO[str] | None = None, level: int = logging.INFO) -> None:
-    """Send the `fencepost` loggers' records to `stream` (default: stderr) as
-    JSON lines. Idempotent: configuring again replaces the handler."""
-    logger = logging.getLogger("fencepost")
-    for handler in list(logger.handlers):
+    """Send log records to `stream` (default: stderr) as JSON lines: fencepost's
+    own from `level` up, every library's (asyncio, psycopg) and Python's
+    warnings from WARNING up, so that nothing reaches the stream as loose text.
+    Idempotent: configuring again replaces the handler."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
         if handler.get_name() == _HANDLER_NAME:
-            logger.removeHandler(handler)
+            root.removeHandler(handler)
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler.set_name(_HANDLER_NAME)
     handler.setFormatter(JsonFormatter())
-    logger.addHandler(handler)
-    logger.setLevel(level)
-    logger.propagate = False
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    logging.getLogger("fencepost").setLevel(level)
+    logging.captureWarnings(True)
