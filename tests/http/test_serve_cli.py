@@ -108,8 +108,10 @@ def generated_key_server(tmp_path: Path) -> Iterator[ServerProcess]:
     proc.stop()
 
 
-def test_generated_bootstrap_key_printed_once_and_saved(generated_key_server: ServerProcess
-                                                        ) -> None:
+def test_generated_bootstrap_key_saved_and_only_its_file_logged(generated_key_server:
+                                                                ServerProcess) -> None:
+    """Standard output is no terminal here (a file, as under a supervisor or a
+    container runtime): the secret is not printed; the log says which file holds it."""
     srv = generated_key_server
     key_file = Path(f"{srv.db_path}.admin-key")
     deadline = time.monotonic() + 5
@@ -121,8 +123,11 @@ def test_generated_bootstrap_key_printed_once_and_saved(generated_key_server: Se
     assert key and len(key.split()) == 1 and len(key) >= 22, key_file.read_text()
     assert key != BOOTSTRAP_KEY
 
-    stdout = wait_for_text(srv.stdout_path, key)
-    assert stdout.count(key) == 1, "the generated key must be printed exactly once on stdout"
+    stderr = wait_for_text(srv.stderr_path, str(key_file))
+    told = [json.loads(line) for line in stderr.splitlines() if str(key_file) in line]
+    assert len(told) == 1 and told[0]["log"] == "app", stderr
+    assert "admin key is in" in told[0]["message"], told
+    assert key not in srv.stdout_path.read_text()
     assert key not in srv.stderr_path.read_text()
 
     resp = whoami(srv.base_url, key)
@@ -140,7 +145,8 @@ def test_generated_bootstrap_key_printed_once_and_saved(generated_key_server: Se
     assert whoami(srv.base_url, key).status_code == 200
     assert key_file.read_text().strip() == key
     time.sleep(0.3)
-    assert srv.stdout_path.read_text().count(key) == 1
+    assert key not in srv.stdout_path.read_text()
+    assert srv.stderr_path.read_text().count("admin key is in") == 1, "a second key was made"
     assert key not in (srv.access_log.read_text() if srv.access_log.exists() else "")
     assert key not in srv.stderr_path.read_text()
 
@@ -247,6 +253,38 @@ def test_defaults_are_port_7440_and_fencepost_db_in_cwd(tmp_path: Path) -> None:
     err = (tmp_path / "err").read_text()
     logged = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
     assert any(line.get("lock") == name for line in logged), "access log not on stderr by default"
+
+
+def test_generated_bootstrap_key_printed_once_on_a_terminal(tmp_path: Path) -> None:
+    """Started by a person at a terminal, the server shows the new key once."""
+    import pty
+    import select
+
+    port = free_port()
+    leader, follower = pty.openpty()
+    with open(tmp_path / "err", "wb") as err:
+        proc = track(subprocess.Popen(
+            [sys.executable, "-m", "fencepost", "serve", "--host", "127.0.0.1", "--port",
+             str(port), "--store", f"sqlite:///{tmp_path}/fp.db"],
+            cwd=tmp_path, env=clean_env(), stdout=follower, stderr=err))
+    os.close(follower)
+    shown = b""
+    key_file = tmp_path / "fp.db.admin-key"
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if key_file.exists() and key_file.read_text().strip().encode() in shown:
+                break
+            ready, _, _ = select.select([leader], [], [], 0.1)
+            if ready:
+                shown += os.read(leader, 4096)
+        key = key_file.read_text().strip()
+        assert shown.count(key.encode()) == 1, shown
+        assert key not in (tmp_path / "err").read_text()
+        assert whoami(f"http://127.0.0.1:{port}", key).status_code == 200
+    finally:
+        assert stop(proc) == 0
+        os.close(leader)
 
 
 # --- project create --------------------------------------------------------------------------
@@ -404,7 +442,7 @@ def test_serving_is_announced_only_once_it_listens_with_its_store_open(tmp_path:
             stdout=subprocess.DEVNULL, stderr=err))
     try:
         text = wait_for_text(err_path, "serving on", timeout=30)
-        found = re.search(r"fencepost: serving on http://127\.0\.0\.1:(\d+) with sqlite:///", text)
+        found = re.search(r"serving on http://127\.0\.0\.1:(\d+) with sqlite:///", text)
         assert found, f"no true 'serving on' line: {text!r}"
         port = int(found.group(1))
         assert port != 0

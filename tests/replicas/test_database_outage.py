@@ -148,10 +148,16 @@ def test_postgres_crash_under_load(private_pg: PrivatePostgres, tmp_path: Path) 
         health = httpx.get(f"{replicas[0].base_url}/healthz", timeout=10)
         assert health.status_code == 503
         assert health.json()["error"]["code"] == "store_unavailable"
+        # The metrics still answer, and say the store is down (the alert's signal).
+        scraped = httpx.get(f"{replicas[0].base_url}/metrics", timeout=10)
+        assert scraped.status_code == 200
+        assert "\nfencepost_store_up 0.0\n" in scraped.text, scraped.text[-2000:]
         time.sleep(1.5)
         private_pg.start()
         for replica in replicas:
             wait_healthy(replica)
+            scraped = httpx.get(f"{replica.base_url}/metrics", timeout=10)
+            assert "\nfencepost_store_up 1.0\n" in scraped.text
         recovered_at = time.monotonic()
         time.sleep(2)
         stop.set()

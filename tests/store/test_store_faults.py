@@ -108,7 +108,9 @@ def test_postgresql_errors_that_mean_the_database_refuses_are_fatal() -> None:
 
 
 @pytest.mark.parametrize("fault", ["deleted", "replaced", "truncated", "wal-deleted"])
-def test_the_file_guard_notices_a_lost_file(tmp_path: Path, fault: str, capsys) -> None:
+def test_the_file_guard_notices_a_lost_file(
+    tmp_path: Path, fault: str, caplog: pytest.LogCaptureFixture
+) -> None:
     db = tmp_path / "store.db"
     conn = sqlite3.connect(db, isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
@@ -130,7 +132,9 @@ def test_the_file_guard_notices_a_lost_file(tmp_path: Path, fault: str, capsys) 
     reason = guard.check()
     assert reason is not None and str(db) in reason
     assert guard.check() == reason  # it stays lost
-    assert capsys.readouterr().err.count("store lost") == 1
+    # Said once, through the application log (JSON lines on the server's stderr).
+    said = [r for r in caplog.records if "store lost" in r.getMessage()]
+    assert len(said) == 1 and said[0].name.startswith("fencepost."), caplog.records
     conn.close()
 
 

@@ -4,6 +4,7 @@ server or work on the store directly (not through the API)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sys
 from pathlib import Path
@@ -15,9 +16,11 @@ from fencepost.cli.stores import store_exists
 from fencepost.core.keys import MIN_BOOTSTRAP_SECRET_LENGTH
 from fencepost.core.names import is_valid_name
 from fencepost.errors import FencepostError
+from fencepost.logs import configure as configure_logging
 from fencepost.store import make_store, redacted, sqlite_path
 
 DEFAULT_STORE = "sqlite:///fencepost.db"
+_log = logging.getLogger("fencepost.serve")
 
 
 def _bootstrap_file(store_url: str) -> Path:
@@ -25,6 +28,15 @@ def _bootstrap_file(store_url: str) -> Path:
     if store_url.startswith("sqlite:"):
         return Path(sqlite_path(store_url) + ".admin-key")
     return Path("fencepost.admin-key")
+
+
+def _check_log_target(option: str, target: str | None) -> None:
+    """A log file's folder must exist: refused before anything is created."""
+    if target in (None, "", "-", "stderr"):
+        return
+    folder = Path(str(target)).parent
+    if not folder.is_dir():
+        raise click.UsageError(f"{option}: the folder {str(folder)!r} does not exist.")
 
 
 def _save_secret(path: Path, secret: str) -> None:
@@ -46,6 +58,11 @@ def _save_secret(path: Path, secret: str) -> None:
               type=click.IntRange(0, 65535))
 @click.option("--access-log", envvar="FENCEPOST_ACCESS_LOG", default=None,
               help="File for JSON-lines access log (default: stderr).")
+@click.option("--event-log", envvar="FENCEPOST_EVENT_LOG", default=None,
+              help="File for the JSON-lines event log: leases granted and ended, keys and "
+                   "pools changed, callers refused (default: stderr).")
+@click.option("--metrics-key", envvar="FENCEPOST_METRICS_KEY", default=None,
+              help="Require `Authorization: Bearer <this>` on GET /metrics (default: open).")
 @click.option("--trusted-proxies", envvar="FENCEPOST_TRUSTED_PROXIES", default="",
               help="Comma-separated addresses of load balancers whose X-Forwarded-For "
                    "is believed (for IP allowlists). Default: none.")
@@ -64,9 +81,11 @@ def _save_secret(path: Path, secret: str) -> None:
 def serve(
     store: str, store_readers: int, host: str, port: int, access_log: str | None,
     trusted_proxies: str, max_connections: int | None, tls_cert: str | None,
-    tls_key: str | None, drain_seconds: float,
+    tls_key: str | None, drain_seconds: float, event_log: str | None,
+    metrics_key: str | None,
 ) -> None:
     """Run the lock service."""
+    configure_logging()
     from fencepost.server.app import AppConfig, create_app
     from fencepost.server.proxies import TrustedProxies
     from fencepost.server.runner import serve as run_server
@@ -83,6 +102,8 @@ def serve(
         tls = tls_context(tls_cert, tls_key) if tls_cert and tls_key else None
     except ValueError as exc:
         raise click.UsageError(f"TLS: {exc}") from None
+    for option, target in (("--access-log", access_log), ("--event-log", event_log)):
+        _check_log_target(option, target)
     proxies = [p.strip() for p in trusted_proxies.split(",") if p.strip()]
     try:
         TrustedProxies(proxies)
@@ -96,10 +117,15 @@ def serve(
 
     def announce(secret: str, generated: bool) -> None:
         if not generated:
-            click.echo("fencepost: created project 'default' with the key from "
-                       "FENCEPOST_BOOTSTRAP_KEY", err=True)
+            _log.info("created project 'default' with the key from FENCEPOST_BOOTSTRAP_KEY")
             return
         _save_secret(key_file, secret)
+        # A secret goes to a person's terminal only, never into a log a
+        # supervisor or container runtime keeps: there, say where it is.
+        if not sys.stdout.isatty():
+            _log.info("created project 'default'; its admin key is in %s (readable by this "
+                      "user only)", key_file.resolve())
+            return
         click.echo(f"fencepost: created project 'default'; its admin key (shown once, "
                    f"also saved to {key_file}):")
         click.echo(secret)
@@ -108,12 +134,12 @@ def serve(
     scheme = "https" if tls is not None else "http"
 
     def ready(bound_port: int) -> None:
-        click.echo(f"fencepost: serving on {scheme}://{host}:{bound_port} with {redacted(store)}",
-                   err=True)
+        _log.info("serving on %s://%s:%s with %s", scheme, host, bound_port, redacted(store))
 
     app = create_app(
         backend,
-        AppConfig(access_log=access_log, bootstrap_key=bootstrap_key, on_bootstrap=announce),
+        AppConfig(access_log=access_log, event_log=event_log, metrics_key=metrics_key or None,
+                  bootstrap_key=bootstrap_key, on_bootstrap=announce),
     )
     run_server(app, host, port, proxies, max_connections, tls, on_ready=ready,
                drain_seconds=drain_seconds)

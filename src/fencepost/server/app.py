@@ -1,13 +1,14 @@
 """The application: routes from the table, JSON errors everywhere, request IDs,
-and the background work (reaper) tied to the server's start and stop."""
+metrics and events, and the background work (reaper) tied to the server's
+start and stop."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import re
-import sys
-import traceback
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -19,16 +20,21 @@ from fencepost.errors import (
     PayloadTooLarge,
     TooManyConnections,
 )
+from fencepost.events import Events
 from fencepost.server.access_log import AccessLog
 from fencepost.server.auth import Authenticator
 from fencepost.server.context import Services
+from fencepost.server.event_log import EventLog
 from fencepost.server.http import error_response
 from fencepost.server.messages import Request, Response
+from fencepost.server.metrics import UNMATCHED_ROUTE, Metrics
 from fencepost.server.openapi import build_openapi
 from fencepost.server.request_id import request_id_for
 from fencepost.server.routes.table import ROUTES
 from fencepost.server.waiting import WaitRoom
 from fencepost.store.base import Store
+
+_log = logging.getLogger(__name__)
 
 # The reaper frees dead leases; running it 4x a second keeps "freed within 1 s
 # of expires_at" (SPEC §7.4) with room to spare.
@@ -38,33 +44,41 @@ REAP_INTERVAL_S = 0.25
 @dataclass(slots=True)
 class AppConfig:
     access_log: str | None = None
+    event_log: str | None = None  # a file; None, "" or "-": standard error
+    metrics_key: str | None = None  # when set, GET /metrics needs `Bearer <it>`
     bootstrap_key: str | None = None
     # Called with a generated bootstrap secret, once, when the store was empty.
     on_bootstrap: Callable[[str, bool], None] | None = None
 
 
-async def _reap_forever(store: Store) -> None:
+async def _reap_forever(store: Store, metrics: Metrics) -> None:
     last_error = ""
     while True:
+        started = time.perf_counter()
         try:
-            await store.reap()
+            freed = await store.reap()
+            metrics.observe_reap(freed, time.perf_counter() - started)
             last_error = ""
         except Exception as exc:  # noqa: BLE001 - keep reaping after a store hiccup
+            metrics.observe_reap(None, time.perf_counter() - started)
             # Once per spell of one failure, not four lines a second while
             # the store stays down.
             if str(exc) != last_error:
-                print(f"fencepost: reaper: {exc}", file=sys.stderr)
+                _log.error("reaper: %s", exc)
             last_error = str(exc)
         await asyncio.sleep(REAP_INTERVAL_S)
 
 
 Handler = Callable[[Request], Any]
+# The method label of requests no route took: clients choose methods freely.
+_OTHER_METHOD = "other"
 
 
 class _Path:
     """One path of the table and its handler per method."""
 
     def __init__(self, template: str) -> None:
+        self.template = template  # the metrics' route label
         # A parameter is one non-empty path segment: "/v1/locks//lease" and
         # "/v1/locks/" are no route (404), not a lock with an empty name.
         self.regex = re.compile(
@@ -93,11 +107,21 @@ class App:
         self.config = config
         waiters = WaitRoom()
         store.add_freed_listener(waiters.on_freed)
+        # Events, once: produced where they happen (the store's commits, the
+        # authenticator, the acquire routes), fanned out here.
+        events = Events()
+        self.metrics = Metrics(parked=waiters.parked)
+        self.event_log = EventLog(config.event_log)
+        events.subscribe(self.metrics.on_event)
+        events.subscribe(self.event_log.on_event)
+        store.add_event_listener(events.from_store)
+        store.watch_batches(self.metrics.observe_batch)
         self.services = Services(
             store=store,
-            auth=Authenticator(store),
+            auth=Authenticator(store, events),
             waiters=waiters,
             access_log=AccessLog(config.access_log),
+            events=events,
         )
         self.openapi = build_openapi()
         self._paths = _paths()
@@ -110,7 +134,7 @@ class App:
         secret = await self.store.bootstrap(self.config.bootstrap_key)
         if secret is not None and self.config.on_bootstrap is not None:
             self.config.on_bootstrap(secret, self.config.bootstrap_key is None)
-        self._reaper = asyncio.create_task(_reap_forever(self.store))
+        self._reaper = asyncio.create_task(_reap_forever(self.store, self.metrics))
 
     def stop_being_ready(self) -> None:
         """/readyz (and /healthz) answer 503 from now on; everything else still
@@ -129,30 +153,37 @@ class App:
                 await self._reaper
         await self.store.close()
         self.services.access_log.close()
+        self.event_log.close()
 
     # --- requests -----------------------------------------------------------
     async def handle(self, request: Request) -> Response:
+        started = time.perf_counter()
         request.request_id = request_id_for(request.headers.get("x-request-id"))
+        method, route = _OTHER_METHOD, UNMATCHED_ROUTE
         try:
-            response: Response = await self._dispatch(request)
-            return response
+            path, handler = self._route(request)
+            route = path.template
+            if handler is None:
+                # RFC 9110 §15.5.6: a 405 names the methods the route allows.
+                raise MethodNotAllowed(headers={"Allow": path.allow})
+            method = request.method
+            response: Response = await handler(request)
         except FencepostError as error:
-            return error_response(error)
+            response = error_response(error)
         except Exception:  # noqa: BLE001 - never a stack trace to the caller
-            traceback.print_exc(file=sys.stderr)
-            return error_response(FencepostError())
+            _log.exception("a request failed unexpectedly")
+            response = error_response(FencepostError())
+        self.metrics.observe_request(method, route, response.status_code,
+                                     time.perf_counter() - started)
+        return response
 
-    def _dispatch(self, request: Request) -> Any:
+    def _route(self, request: Request) -> tuple[_Path, Handler | None]:
         for path in self._paths:
             match = path.regex.match(request.path)
             if match is None:
                 continue
-            handler = path.handlers.get(request.method)
-            if handler is None:
-                # RFC 9110 §15.5.6: a 405 names the methods the route allows.
-                raise MethodNotAllowed(headers={"Allow": path.allow})
             request.path_params = match.groupdict()
-            return handler(request)
+            return path, path.handlers.get(request.method)
         raise NotFound("No such route.")
 
     def refuse(self, status: int, message: str, headers: dict[str, str]) -> tuple[Response, str]:

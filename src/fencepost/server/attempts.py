@@ -8,6 +8,7 @@ import asyncio
 from typing import Any, Awaitable, Callable, TypeVar
 
 from fencepost.errors import FencepostError, LockHeld, QueueTimeout, ShuttingDown, TooManyRequests
+from fencepost.events import AcquireAttempt
 from fencepost.server.context import Services, request_id, services
 from fencepost.server.messages import Request
 from fencepost.server.waiting import Attempt, ClientGone, Line, wait_in_line, watching_disconnect
@@ -22,6 +23,7 @@ class AttemptLog:
     def __init__(self, request: Request, event: str, field: str, path_param: str) -> None:
         self._svc: Services = services(request)
         self._event = event
+        self._kind = "lock" if event.startswith("lock") else "slot"
         self._started = asyncio.get_running_loop().time()
         self.waited = False  # set once the caller asked to wait in line
         self.fields: dict[str, Any] = {
@@ -36,10 +38,12 @@ class AttemptLog:
         return int((asyncio.get_running_loop().time() - self._started) * 1000)
 
     def write(self, outcome: str, status: int, **extra: Any) -> None:
+        elapsed_s = asyncio.get_running_loop().time() - self._started
         self._svc.access_log.write(
-            self._event, outcome=outcome, status=status, waited_ms=self.elapsed_ms,
+            self._event, outcome=outcome, status=status, waited_ms=int(elapsed_s * 1000),
             **self.fields, **extra,
         )
+        self._svc.events.emit(AcquireAttempt(self._kind, outcome, elapsed_s))
 
     def failed(self, error: BaseException) -> None:
         """The line for an attempt that ended in `error`."""

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from fencepost.core.keys import Network, Role, ip_allowed, parse_networks
 from fencepost.errors import Forbidden, QuotaExceeded, Unauthorized
+from fencepost.events import ORIGIN, Events, Origin, Refused
 from fencepost.server.messages import Request
 from fencepost.store.base import KeyRecord, Store
 
@@ -38,8 +39,9 @@ def _monotonic_ms() -> float:
 
 
 class Authenticator:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, events: Events | None = None) -> None:
         self._store = store
+        self._events = events
         self._cache: dict[bytes, _CachedKey] = {}
 
     def forget(self, key_id: str) -> None:
@@ -49,8 +51,32 @@ class Authenticator:
                 del self._cache[digest]
 
     async def authenticate(self, request: Request, needs: Role) -> Principal:
+        """The caller's key, or a refusal (reported as an event: 401, 403, or
+        429 over the key's quota). What the store does next for this request is
+        reported with the request's origin (see fencepost.events.ORIGIN)."""
+        known: list[KeyRecord] = []
+        try:
+            principal = await self._authenticate(request, needs, known)
+        except (Unauthorized, Forbidden, QuotaExceeded) as refusal:
+            if self._events is not None:
+                record = known[0] if known else None
+                self._events.emit(Refused(
+                    refusal.http_status, refusal.code, request.request_id,
+                    None if record is None else record.project,
+                    None if record is None else record.id,
+                    request.client.host if request.client else None,
+                ))
+            raise
+        ORIGIN.set(Origin(request.request_id, principal.project, principal.key_id))
+        return principal
+
+    async def _authenticate(
+        self, request: Request, needs: Role, known: list[KeyRecord]
+    ) -> Principal:
         secret = _presented_secret(request)
         record, networks = await self._lookup(secret)
+        if record is not None:
+            known.append(record)  # a refusal names the key (revoked ones too)
         now_ms = await self._store.now_ms()
         if record is None or record.revoked_ms is not None:
             raise Unauthorized("The API key is unknown or revoked.")

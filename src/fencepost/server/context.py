@@ -7,6 +7,7 @@ from typing import Awaitable, Callable
 
 from fencepost.core.names import is_valid_name
 from fencepost.errors import FencepostError
+from fencepost.events import Events
 from fencepost.server.access_log import AccessLog
 from fencepost.server.auth import Authenticator
 from fencepost.server.http import error_response
@@ -22,6 +23,7 @@ class Services:
     auth: Authenticator
     waiters: WaitRoom
     access_log: AccessLog
+    events: Events
 
 
 def services(request: Request) -> Services:

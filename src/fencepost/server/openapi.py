@@ -173,14 +173,20 @@ def _operation(route: RouteSpec) -> dict[str, Any]:
         responses[str(status)] = {
             "description": text,
             "headers": _header_refs(["X-Request-Id", *route.response_headers]),
-            "content": ({kind: {"schema": {"type": "string"}} for kind in route.text_types}
-                        if body is str
-                        else {_JSON: {"schema": _schema(body)}}),
+            "content": _content(body, route.text_types),
         }
     for status, errors in sorted(_errors(route).items()):
         responses[str(status)] = _error_response(errors)
     op["responses"] = responses
     return op
+
+
+def _content(body: Any, text_types: tuple[str, ...]) -> dict[str, Any]:
+    if body is str:  # a web page, or the console's script and style sheet
+        return {kind: {"schema": {"type": "string"}} for kind in text_types}
+    if body is bytes:  # the metrics' text exposition
+        return {"text/plain": {"schema": {"type": "string"}}}
+    return {_JSON: {"schema": _schema(body)}}
 
 
 def _errors(route: RouteSpec) -> dict[int, list[type[FencepostError]]]:

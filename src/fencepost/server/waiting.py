@@ -72,6 +72,10 @@ class WaitRoom:
                 parked.wake.set()
                 return
 
+    def parked(self) -> int:
+        """How many requests wait in this process now (the metrics)."""
+        return sum(len(line) for line in self._lines.values())
+
     def park(self, line: Line, ticket: int) -> _Parked:
         parked = _Parked(ticket)
         bisect.insort(self._lines.setdefault(line, []), parked)

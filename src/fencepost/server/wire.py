@@ -22,9 +22,8 @@ import asyncio
 import collections
 import email.utils
 import http
-import sys
+import logging
 import time
-import traceback
 import urllib.parse
 from typing import Any, Awaitable, Callable, cast
 
@@ -33,6 +32,8 @@ import httptools
 from fencepost.server.http import MAX_BODY_BYTES
 from fencepost.server.messages import Address, Request, Response
 from fencepost.server.proxies import TrustedProxies
+
+_log = logging.getLogger(__name__)
 
 MAX_HEAD_BYTES = 64 * 1024  # request line and headers together
 KEEP_ALIVE_S = 30.0
@@ -420,7 +421,7 @@ class HttpConnection(asyncio.Protocol):
         try:
             response = await self._shared.handle(request)
         except Exception:  # noqa: BLE001 - the app answers its own errors; this is a bug
-            traceback.print_exc(file=sys.stderr)
+            _log.exception("a request failed unexpectedly")
             response, _ = self._shared.refuse(500, "The server failed unexpectedly.", {})
         self._respond(response, pending, request.request_id, pending.method == "HEAD")
 

@@ -118,6 +118,12 @@ def pool_freed(project: str, pool: str, wake_all: bool = False) -> Freed:
 
 
 FreedListener = Callable[[Freed], None]
+# Told what the store's committed operations granted and ended (the records of
+# fencepost.events), after the commit, on the event loop.
+EventListener = Callable[[object], None]
+# Told each store batch's size, its seconds from begin to commit, and whether it
+# failed; `writes` says whether it was a write batch. Called on a store thread.
+BatchObserver = Callable[[bool, int, float, bool], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +148,17 @@ class PoolView:
     now_ms: int
     governor: GovernorState  # what the pool has learned (SPEC §4.5)
     effective_rpm: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Census:
+    """What every replica shares, read at once for the metrics: live leases,
+    overdue `keep` leases, live slots, and every pool of every project."""
+
+    live_leases: int
+    overdue_leases: int
+    live_slots: int
+    pools: list[tuple[str, PoolView]]  # (project, pool)
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +204,16 @@ class Store(Protocol):
 
     def add_freed_listener(self, listener: FreedListener) -> None:
         """Call `listener` (on the event loop) after a commit that may free a lock."""
+
+    def add_event_listener(self, listener: EventListener) -> None:
+        """Call `listener` (on the event loop) with each Granted and Ended record
+        of fencepost.events that a committed operation of this process made."""
+
+    def watch_batches(self, observer: BatchObserver) -> None:
+        """Report every batch (reads and writes) to `observer`."""
+
+    async def census(self) -> Census:
+        """Counts across every project and replica, for the metrics."""
 
     async def now_ms(self) -> int:
         """The store's clock: the one time authority for expiry."""

@@ -17,16 +17,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import queue
-import sys
 import threading
 import time
-import traceback
 from dataclasses import dataclass, field
 from types import GeneratorType
 from typing import Any, Callable, ContextManager, Generator, Generic, Protocol, TypeVar, cast
 
 from fencepost.errors import StoreUnavailable
+from fencepost.events import current_origin
+
+_log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 MAX_BATCH = 512
@@ -98,6 +100,8 @@ class Tx:
     now_ms: int
     events: list[Any] = field(default_factory=list)
     batch: Batch = field(default_factory=Batch)
+    # Who asked (fencepost.events.Origin), for the events the operation reports.
+    origin: Any = None
 
     def execute(self, sql: str, params: tuple[Any, ...] = ()) -> Cursor:
         return self.engine.execute(self.conn, sql, params)
@@ -109,6 +113,7 @@ class _Job(Generic[T]):
     future: asyncio.Future[T]
     loop: asyncio.AbstractEventLoop
     steps: bool = False  # fn returns a step operation (see _in_steps)
+    origin: Any = None  # the submitting request's (see Tx.origin)
 
 
 _STOP = object()
@@ -135,6 +140,9 @@ class BatchWriter:
         self._thread: threading.Thread | None = None
         self._conn: Any = None
         self._next_connect = 0.0
+        # Told each batch's size, its seconds from begin to commit, and whether it
+        # failed (the metrics); called on the writer thread.
+        self.observer: Callable[[int, float, bool], None] | None = None
 
     def start(self) -> None:
         self._conn = self._engine.connect()  # fail here, in the caller, if unreachable
@@ -163,7 +171,7 @@ class BatchWriter:
             raise StoreUnavailable("The store is closed.")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._queue.put(_Job(fn, future, loop, steps))
+        self._queue.put(_Job(fn, future, loop, steps, current_origin()))
         return await future
 
     def _run(self) -> None:
@@ -209,6 +217,8 @@ class BatchWriter:
         return self._conn
 
     def _run_batch(self, batch: list[_Job[Any]]) -> None:
+        started = time.perf_counter()
+        failed = False
         try:
             conn = self._connection()
             # Optimistic first: no savepoints (two statements fewer per
@@ -225,15 +235,18 @@ class BatchWriter:
         except Exception as exc:  # noqa: BLE001 - the writer thread must survive anything
             # Nothing of this batch is durable: fail every caller in it.
             if not isinstance(exc, (StoreUnavailable, *self._engine.errors)):
-                traceback.print_exc(file=sys.stderr)
+                _log.exception("a store batch failed unexpectedly")
             self._abandon()
             failure = exc if isinstance(exc, StoreUnavailable) else StoreUnavailable(
                 f"The store failed: {exc}."
             )
             outcomes = [(job, None, failure) for job in batch]
             events = []
+            failed = True
             if self._on_failure is not None:
                 self._on_failure(failure.message)
+        if self.observer is not None:
+            self.observer(len(batch), time.perf_counter() - started, failed)
         self._deliver(outcomes, events)
 
     def _attempt(
@@ -259,7 +272,7 @@ class BatchWriter:
                 outcomes.append((job, result, None))
                 events.extend(tx.events)
         for job in batch if isolate else ():
-            tx = Tx(self._engine, conn, clock(), [], shared)
+            tx = Tx(self._engine, conn, clock(), [], shared, job.origin)
             self._engine.execute(conn, "SAVEPOINT op", ())
             try:
                 result = _to_the_end(job.fn(tx))
@@ -288,7 +301,7 @@ class BatchWriter:
         """Run each operation whole, in batch order."""
         done = []
         for job in batch:
-            tx = Tx(self._engine, conn, clock(), [], shared)
+            tx = Tx(self._engine, conn, clock(), [], shared, job.origin)
             done.append((job, _to_the_end(job.fn(tx)), tx))
         return done
 
@@ -312,7 +325,7 @@ class BatchWriter:
         with contextlib.ExitStack() as pipeline:
             piped = False
             for job in batch:
-                tx = Tx(self._engine, conn, clock(), [], shared)
+                tx = Tx(self._engine, conn, clock(), [], shared, job.origin)
                 if job.steps != piped:  # open or close the pipeline
                     if job.steps:
                         pipeline.enter_context(self._engine.pipeline(conn))

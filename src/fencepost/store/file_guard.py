@@ -10,9 +10,11 @@ what it opened, after every batch, and once they differ it refuses everything
 
 from __future__ import annotations
 
+import logging
 import os
-import sys
 import threading
+
+_log = logging.getLogger(__name__)
 
 # The WAL and its index belong to the database: deleting either while the
 # server runs loses or splits the committed state just as deleting the file does.
@@ -42,8 +44,7 @@ class FileGuard:
             if reason is not None and self._lost is None:
                 self._lost = reason
                 # One line in the server's log, once: the operator must act.
-                print(f"fencepost: store lost: {reason}; refusing requests until restarted",
-                      file=sys.stderr, flush=True)
+                _log.error("store lost: %s; refusing requests until restarted", reason)
             return self._lost
 
     def _compare(self) -> str | None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import sys
+import logging
 import threading
 from functools import lru_cache
 from typing import Any, Callable, ContextManager, Iterator
@@ -34,6 +34,8 @@ from fencepost.store.batch import Cursor
 from fencepost.store.migrate import apply_migrations
 from fencepost.store.sql.replicas import DatabaseSessions
 from fencepost.store.sql_store import DEFAULT_READERS, SqlStore
+
+_log = logging.getLogger(__name__)
 
 CHANNEL = "fencepost_freed"
 # Any constant works: it only has to be the same on every replica.
@@ -163,7 +165,8 @@ class PostgresEngine:
         return _pipelined(conn)
 
     def commit(self, conn: _Connection, events: list[Any]) -> None:
-        payloads = sorted({_encode(event) for event in events})
+        # Only wake-ups cross replicas; grants and ends are this process's to report.
+        payloads = sorted({_encode(event) for event in events if isinstance(event, Freed)})
         if not payloads:
             conn.statements.execute("COMMIT")
             return
@@ -239,7 +242,7 @@ class _Listener:
             except psycopg.Error as exc:
                 # The database is away; waiters fall back to their periodic
                 # re-check until it is back.
-                print(f"fencepost: listener: {exc}", file=sys.stderr)
+                _log.error("listener: %s", exc)
                 self._stop.wait(1.0)
 
 

@@ -17,7 +17,11 @@ from fencepost.core.slots import PoolConfig, Slot
 from fencepost.errors import StoreUnavailable
 from fencepost.store.base import (
     AcquireResult,
+    BatchObserver,
+    Census,
+    EventListener,
     ForceReleased,
+    Freed,
     FreedListener,
     KeyRecord,
     LockView,
@@ -29,7 +33,7 @@ from fencepost.store.base import (
 )
 from fencepost.store.batch import BatchWriter, Engine, Tx
 from fencepost.store.health import WriteHealth, probe_writes
-from fencepost.store.sql import fencing, keys, locks, pools, slot_holders
+from fencepost.store.sql import census, fencing, keys, locks, pools, slot_holders
 from fencepost.store.sql.known_leases import KnownLeases
 from fencepost.store.sql.replicas import Liveness, Place
 
@@ -56,6 +60,7 @@ class SqlStore:
         # the backend tells which replicas died (see sql/replicas.py).
         self._liveness = liveness
         self._listeners: list[FreedListener] = []
+        self._event_listeners: list[EventListener] = []
         self.health = WriteHealth()
         self._writer = BatchWriter(engine, self._publish, on_failure=self.health.failed)
         # Reads run on their own connections, so a GET never queues behind a
@@ -109,10 +114,27 @@ class SqlStore:
     def add_freed_listener(self, listener: FreedListener) -> None:
         self._listeners.append(listener)
 
+    def add_event_listener(self, listener: EventListener) -> None:
+        self._event_listeners.append(listener)
+
+    def watch_batches(self, observer: BatchObserver) -> None:
+        self._writer.observer = lambda size, seconds, failed: observer(True, size, seconds, failed)
+        for reader in self._readers:
+            reader.observer = lambda size, seconds, failed: observer(False, size, seconds, failed)
+
+    async def census(self) -> Census:
+        return await self._read(census.read)
+
     def _publish(self, events: list[Any]) -> None:
+        # Wake-ups (Freed, also heard from other replicas) go to the waiters;
+        # this process's grants and ends go to the event listeners.
         for event in events:
-            for listener in self._listeners:
-                listener(event)
+            if isinstance(event, Freed):
+                for listener in self._listeners:
+                    listener(event)
+            else:
+                for reported in self._event_listeners:
+                    reported(event)
 
     # --- projects and keys -------------------------------------------------
     async def bootstrap(self, secret: str | None) -> str | None:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
-import sys
 from pathlib import Path
 from typing import Any, Callable, ContextManager
 
@@ -15,6 +15,8 @@ from fencepost.store.file_guard import FileGuard
 from fencepost.store.migrate import apply_migrations
 from fencepost.store.sql.replicas import OneProcess
 from fencepost.store.sql_store import DEFAULT_READERS, SqlStore
+
+_log = logging.getLogger(__name__)
 
 # Result codes (the low byte of an extended code) that say the file cannot be
 # used as it is: corrupt or not a database, I/O error, full disk, read-only,
@@ -135,7 +137,6 @@ class SqliteStore(SqlStore):
         drift = self._clock_ms.drift_ms()
         if abs(drift - self._told_drift_ms) >= WALL_STEP_NOTICE_MS:
             self._told_drift_ms = drift
-            print(f"fencepost: the wall clock is {drift / 1000:+.1f} s from the server's clock; "
-                  "leases keep their times; a restart adopts the wall clock",
-                  file=sys.stderr, flush=True)
+            _log.warning("the wall clock is %+.1f s from the server's clock; leases keep "
+                         "their times; a restart adopts the wall clock", drift / 1000)
 

@@ -10,7 +10,8 @@ from fencepost.core import leases as rules
 from fencepost.core.keys import Role
 from fencepost.core.leases import AcquireRequest, Granted, Lease, OnExpiry
 from fencepost.core.timefmt import format_at
-from fencepost.errors import FencepostError
+from fencepost.errors import FencepostError, LeaseExpired, LeaseLost
+from fencepost.events import Lost, current_origin
 from fencepost.server import schemas
 from fencepost.server.attempts import AttemptLog, get_or_wait
 from fencepost.server.context import endpoint, path_name, request_id, services
@@ -161,7 +162,13 @@ async def renew(request: Request) -> Response:
     token = required_uuid_header(request, "x-lock-token")
     required_uuid_header(request, "x-request-id")
     body = decode_body(request.body, schemas.RenewLockBody)
-    lease = await svc.store.renew_lock(principal.project, key, token, body.ttl_seconds)
+    try:
+        lease = await svc.store.renew_lock(principal.project, key, token, body.ttl_seconds)
+    except (LeaseLost, LeaseExpired) as lost:
+        reason = lost.extra.get("reason")
+        svc.events.emit(Lost(principal.project, key, lost.code,
+                             None if reason is None else str(reason), current_origin()))
+        raise
     return json_response(
         200,
         schemas.LeaseRenewal(

@@ -1,13 +1,17 @@
-"""Unauthenticated routes: probes and the OpenAPI document."""
+"""Unauthenticated routes: probes, metrics and the OpenAPI document."""
 
 from __future__ import annotations
 
+import hmac
+
 from fencepost import __version__
-from fencepost.errors import FencepostError, ShuttingDown, StoreUnavailable
+from fencepost.errors import FencepostError, ShuttingDown, StoreUnavailable, Unauthorized
 from fencepost.server import schemas
 from fencepost.server.context import services
 from fencepost.server.http import error_response, json_response
 from fencepost.server.messages import Request, Response
+from fencepost.server.metrics import CONTENT_TYPE
+from fencepost.store.base import Census
 
 
 async def livez(request: Request) -> Response:
@@ -43,3 +47,23 @@ async def healthz(request: Request) -> Response:
 
 async def openapi(request: Request) -> Response:
     return Response(request.app.openapi, media_type="application/json")
+
+
+async def metrics(request: Request) -> Response:
+    """The Prometheus exposition: this process's counters, and the shared state
+    read from the store now (`fencepost_store_up` 0 when it does not answer).
+    Open unless the server was given a metrics key."""
+    app = request.app
+    wanted: str | None = app.config.metrics_key
+    if wanted is not None:
+        scheme, _, given = (request.headers.get("authorization") or "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            given.strip().encode(), wanted.encode()
+        ):
+            return error_response(Unauthorized("GET /metrics needs `Bearer <metrics key>`."))
+    census: Census | None
+    try:
+        census = await services(request).store.census()
+    except Exception:  # noqa: BLE001 - a store outage is a metric, not a failed scrape
+        census = None
+    return Response(app.metrics.exposition(census), media_type=CONTENT_TYPE)

@@ -23,6 +23,7 @@ from fencepost.errors import (
     ShuttingDown,
     StoreUnavailable,
     TooManyRequests,
+    Unauthorized,
     ValidationError,
 )
 from fencepost.server import schemas
@@ -239,6 +240,12 @@ ROUTES: tuple[RouteSpec, ...] = (
         None,
         responses=((200, schemas.Health, "Ready."),),
         errors=(StoreUnavailable, ShuttingDown),
+    ),
+    RouteSpec(
+        "GET", "/metrics", system.metrics, "getMetrics",
+        "Prometheus metrics (no key unless the server was given --metrics-key)", None,
+        responses=((200, bytes, "The Prometheus text exposition (format 0.0.4)."),),
+        errors=(Unauthorized,),
     ),
     RouteSpec(
         "GET", "/openapi.json", system.openapi, "getOpenApiDocument", "This document", None,

@@ -9,6 +9,7 @@ record is written at once, so a refused operation's rollback takes it too.
 from __future__ import annotations
 
 from fencepost.core.leases import EndReason
+from fencepost.events import Ended
 from fencepost.store.batch import Tx
 
 _NAME = "ended_leases"
@@ -25,7 +26,14 @@ _CHUNK = 10
 _Pending = dict[tuple[str, str, str], tuple[str, int]]
 
 
-def remember(tx: Tx, project: str, key: str, lock_token: str, reason: EndReason) -> None:
+def remember(
+    tx: Tx, project: str, key: str, lock_token: str, reason: EndReason,
+    acquired_ms: int | None = None,
+) -> None:
+    """Record why the lease ended, and report the end (the one place every
+    lock lease's end passes, the reaper's included)."""
+    held_ms = None if acquired_ms is None else max(0, tx.now_ms - acquired_ms)
+    tx.events.append(Ended("lock", project, key, reason.value, held_ms, tx.origin))
     if tx.batch.isolated:
         _write(tx, [(project, key, lock_token, reason.value, tx.now_ms)])
         return

@@ -9,6 +9,7 @@ from typing import Any
 from fencepost.core.keys import Role, hash_secret, new_key_id, new_secret, same_hash
 from fencepost.core.quota import RateGate
 from fencepost.errors import Conflict
+from fencepost.events import KeyChanged
 from fencepost.store.base import KeyRecord, NewKey
 from fencepost.store.batch import Tx
 
@@ -63,6 +64,7 @@ def insert_key(tx: Tx, pepper: bytes, project: str, new: NewKey, secret: str) ->
             record.rpm_quota, None,
         ),
     )
+    tx.events.append(KeyChanged("created", project, record.id, record.role.label, tx.origin))
     return record
 
 
@@ -109,6 +111,8 @@ def revoke_key(tx: Tx, project: str, key_id: str) -> bool:
         "UPDATE api_keys SET revoked_ms = COALESCE(revoked_ms, ?) WHERE id = ? AND project = ?",
         (tx.now_ms, key_id, project),
     )
+    if cur.rowcount > 0:
+        tx.events.append(KeyChanged("revoked", project, key_id, None, tx.origin))
     return cur.rowcount > 0
 
 

@@ -9,6 +9,7 @@ from typing import Any, Generator
 from fencepost.core import leases as rules
 from fencepost.core.leases import AcquireRequest, Busy, EndReason, Granted, Lease, OnExpiry
 from fencepost.errors import LeaseExpired, LeaseLost
+from fencepost.events import Granted as LeaseGranted
 from fencepost.store.base import (
     LINE_SHOWN,
     AcquireResult,
@@ -124,10 +125,17 @@ def _decide_and_write(
     )
     if isinstance(outcome, Granted) and outcome.created:
         if current is not None:  # a dead lease not yet reaped is replaced
-            ended.remember(tx, project, key, current.lock_token, EndReason.EXPIRED)
+            ended.remember(tx, project, key, current.lock_token, EndReason.EXPIRED,
+                           current.acquired_ms)
         write_lease(tx, project, outcome.lease)
         known.put(project, outcome.lease)
+        report_grant(tx, project, outcome.lease)
     return outcome
+
+
+def report_grant(tx: Tx, project: str, lease: Lease) -> None:
+    """Every new lease is reported once, after the commit (metrics, event log)."""
+    tx.events.append(LeaseGranted("lock", project, lease.key, lease.fencing_token, tx.origin))
 
 
 def acquire(
@@ -153,6 +161,7 @@ def acquire(
     yield
     if sent.rowcount:
         known.put(project, outcome.lease)
+        report_grant(tx, project, outcome.lease)
         return AcquireResult(outcome)
     fencing.give_back(tx, outcome.lease.fencing_token)
     yield
@@ -261,7 +270,7 @@ def release(
     # A dead lease not yet reaped ends here just as the reaper would end it.
     released = rules.holds(_lease(row), lock_token, tx.now_ms)
     reason = EndReason.RELEASED if released else EndReason.EXPIRED
-    ended.remember(tx, project, key, lock_token, reason)
+    ended.remember(tx, project, key, lock_token, reason, _lease(row).acquired_ms)
     tx.events.append(lock_freed(project, key))
     return released
 
@@ -271,9 +280,11 @@ def force_release(tx: Tx, known: KnownLeases, project: str, key: str) -> ForceRe
     current = load_lease(tx, project, key)
     if current is None or not rules.is_live(current, tx.now_ms):
         if current is not None:  # dead but not yet reaped
-            end_lease(tx, project, key, current.lock_token, EndReason.EXPIRED)
+            end_lease(tx, project, key, current.lock_token, EndReason.EXPIRED,
+                      current.acquired_ms)
         return ForceReleased(key, None, tx.now_ms)
-    end_lease(tx, project, key, current.lock_token, EndReason.FORCE_RELEASED)
+    end_lease(tx, project, key, current.lock_token, EndReason.FORCE_RELEASED,
+              current.acquired_ms)
     return ForceReleased(key, current, tx.now_ms)
 
 
@@ -368,12 +379,15 @@ def write_lease(tx: Tx, project: str, lease: Lease) -> None:
     # lock, and is overwritten when this lease ends.
 
 
-def end_lease(tx: Tx, project: str, key: str, lock_token: str, reason: EndReason) -> None:
+def end_lease(
+    tx: Tx, project: str, key: str, lock_token: str, reason: EndReason,
+    acquired_ms: int | None = None,
+) -> None:
     tx.execute(
         "DELETE FROM locks WHERE project = ? AND key = ? AND lock_token = ?",
         (project, key, lock_token),
     )
-    ended.remember(tx, project, key, lock_token, reason)
+    ended.remember(tx, project, key, lock_token, reason, acquired_ms)
     tx.events.append(lock_freed(project, key))
 
 
@@ -383,11 +397,12 @@ def reap(tx: Tx, known: KnownLeases, forget_before_ms: int | None) -> int:
     Contract: deletes exactly the leases that are dead now; running it twice, or
     on two servers at once, frees nothing twice."""
     dead = tx.execute(
-        "DELETE FROM locks WHERE dies_ms <= ? RETURNING project, key, lock_token", (tx.now_ms,)
+        "DELETE FROM locks WHERE dies_ms <= ? RETURNING project, key, lock_token, acquired_ms",
+        (tx.now_ms,),
     ).fetchall()
-    for project, key, token in dead:
+    for project, key, token, acquired_ms in dead:
         known.forget(project, key)
-        ended.remember(tx, project, key, token, EndReason.EXPIRED)
+        ended.remember(tx, project, key, token, EndReason.EXPIRED, acquired_ms)
         tx.events.append(lock_freed(project, key))
     gone = tx.execute(
         "DELETE FROM lock_waiters WHERE alive_until_ms <= ? RETURNING project, key",

@@ -12,6 +12,7 @@ from fencepost.core import slots as rules
 from fencepost.core.governor import GovernorState, Outcome
 from fencepost.core.slots import PoolConfig, Slot
 from fencepost.errors import NotFound
+from fencepost.events import Ended, Granted, PoolChanged
 from fencepost.store.base import PoolStats, PoolView, SlotAttempt, SlotReport, pool_freed
 from fencepost.store.batch import Tx
 from fencepost.store.sql.replicas import Place
@@ -168,6 +169,7 @@ def put(tx: Tx, project: str, pool: str, config: PoolConfig) -> tuple[PoolView, 
             (project, pool, *values, tx.now_ms, tx.now_ms),
         )
     tx.events.append(pool_freed(project, pool, wake_all=True))
+    tx.events.append(PoolChanged("changed" if updated else "created", project, pool, tx.origin))
     result = view(tx, project, pool)
     assert result is not None
     return result, not updated
@@ -191,6 +193,7 @@ def delete(tx: Tx, project: str, pool: str) -> bool:
     tx.execute("DELETE FROM pool_admissions WHERE project = ? AND pool = ?", (project, pool))
     # Every waiter re-checks, finds the pool gone and answers 404.
     tx.events.append(pool_freed(project, pool, wake_all=True))
+    tx.events.append(PoolChanged("deleted", project, pool, tx.origin))
     return True
 
 
@@ -224,6 +227,7 @@ def _admit(tx: Tx, project: str, pool: str, state: _Pool, used: int) -> SlotAtte
             "INSERT INTO pool_admissions (project, pool, admitted_ms) VALUES (?, ?, ?)",
             (project, pool, tx.now_ms),
         )
+    tx.events.append(Granted("slot", project, pool, None, tx.origin))
     return SlotAttempt(slot, None, used + 1, state.limit)
 
 
@@ -356,6 +360,8 @@ def release(tx: Tx, project: str, pool: str, slot_id: str, report: SlotReport | 
     if report is not None:
         _learn(tx, project, pool, state, report, tx.now_ms - slot.acquired_ms)
     tx.events.append(pool_freed(project, pool))
+    held_ms = tx.now_ms - slot.acquired_ms
+    tx.events.append(Ended("slot", project, pool, "released", held_ms, tx.origin))
     return True
 
 
@@ -421,6 +427,7 @@ def _count_reclaimed(tx: Tx, project: str, pool: str, count: int) -> None:
         "UPDATE pools SET reclaimed = reclaimed + ? WHERE project = ? AND name = ?",
         (count, project, pool),
     )
+    tx.events.append(Ended("slot", project, pool, "reclaimed", None, tx.origin, count))
 
 
 def reap(tx: Tx) -> int:
