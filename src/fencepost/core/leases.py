@@ -45,6 +45,9 @@ class Lease:
     operation: str | None
     metadata_json: str | None
     on_expiry: OnExpiry
+    # The API key that took the lease (None for leases taken before keys were
+    # recorded): its owner may force-release it (SPEC §3.5).
+    key_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +57,7 @@ class AcquireRequest:
     operation: str | None = None
     metadata_json: str | None = None
     on_expiry: OnExpiry = OnExpiry.RELEASE
+    key_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +104,7 @@ def new_lease(key: str, request: AcquireRequest, now_ms: int, fencing_token: int
         operation=request.operation,
         metadata_json=request.metadata_json,
         on_expiry=request.on_expiry,
+        key_id=request.key_id,
     )
 
 
@@ -193,3 +198,11 @@ def decide_renew(
 def holds(current: Lease | None, lock_token: str, now_ms: int) -> bool:
     """True when `lock_token` holds a live lease (release succeeds exactly then)."""
     return current is not None and current.lock_token == lock_token and is_live(current, now_ms)
+
+
+def may_force_release(lease: Lease, key_id: str, is_admin: bool) -> bool:
+    """An admin may end any lease of its project; anyone else only a lease its
+    own API key took (ownership is the only check: the caller is typically a
+    client that crashed and lost its lock token). A lease taken before keys
+    were recorded has no owner but the admins."""
+    return is_admin or (lease.key_id is not None and lease.key_id == key_id)

@@ -62,6 +62,15 @@ class ForceReleased:
 
 
 @dataclass(frozen=True, slots=True)
+class ForceReleaser:
+    """Who asks for a force release: an admin ends any lease of its project,
+    anyone else only a lease its own API key took (SPEC §3.5)."""
+
+    key_id: str
+    is_admin: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Freed:
     """Something may now be grantable: a lock or pool slot was released, expired
     or reclaimed, a waiter left the line, or a pool changed. `wake_all` asks every
@@ -200,7 +209,9 @@ class Store(Protocol):
 
     async def release_lock(self, project: str, key: str, lock_token: str) -> bool: ...
 
-    async def force_release(self, project: str, key: str) -> ForceReleased: ...
+    async def force_release(self, project: str, key: str, by: ForceReleaser) -> ForceReleased:
+        """End the live lease (any, dead or alive, leaves no live lease behind).
+        Raises Forbidden, changing nothing, when `by` may not end the live one."""
 
     async def get_lock(self, project: str, key: str) -> LockView: ...
 

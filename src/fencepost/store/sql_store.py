@@ -18,6 +18,7 @@ from fencepost.errors import StoreUnavailable
 from fencepost.store.base import (
     AcquireResult,
     ForceReleased,
+    ForceReleaser,
     FreedListener,
     KeyRecord,
     LockView,
@@ -170,8 +171,10 @@ class SqlStore:
             lambda tx: locks.release(tx, self._known, project, key, lock_token)
         )
 
-    async def force_release(self, project: str, key: str) -> ForceReleased:
-        return await self._writer.run(lambda tx: locks.force_release(tx, self._known, project, key))
+    async def force_release(self, project: str, key: str, by: ForceReleaser) -> ForceReleased:
+        return await self._writer.run(
+            lambda tx: locks.force_release(tx, self._known, project, key, by)
+        )
 
     async def get_lock(self, project: str, key: str) -> LockView:
         return await self._read(lambda tx: locks.view(tx, project, key))

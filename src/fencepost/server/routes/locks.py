@@ -19,7 +19,7 @@ from fencepost.server.listing import list_query, page
 from fencepost.server.messages import Request, Response
 from fencepost.server.validation import decode_body, invalid_field
 from fencepost.server.waiting import WAITER_ALIVE_MS, Attempt, ClientGone
-from fencepost.store.base import AcquireResult, LockView
+from fencepost.store.base import AcquireResult, ForceReleaser, LockView
 
 
 def grant_body(lease: Lease) -> schemas.LeaseGrant:
@@ -84,6 +84,7 @@ async def acquire(request: Request) -> Response:
             operation=body.operation,
             metadata_json=_metadata_json(body.metadata),
             on_expiry=OnExpiry(body.on_expiry),
+            key_id=principal.key_id,
         )
         log.waited = body.wait_seconds > 0
         granted = await _acquire(request, principal.project, key, wanted, body.wait_seconds)
@@ -186,11 +187,13 @@ async def list_locks(request: Request) -> Response:
 
 @endpoint
 async def force_release(request: Request) -> Response:
-    """DELETE /v1/locks/{key}: always 200; afterwards no lease is live."""
+    """DELETE /v1/locks/{key}: always 200 for an admin or the lease's owner;
+    afterwards no lease is live."""
     svc = services(request)
-    principal = await svc.auth.authenticate(request, Role.ADMIN)
+    principal = await svc.auth.authenticate(request, Role.MEMBER)
     key = path_name(request, "key")
-    result = await svc.store.force_release(principal.project, key)
+    by = ForceReleaser(principal.key_id, is_admin=principal.role >= Role.ADMIN)
+    result = await svc.store.force_release(principal.project, key, by)
     lease = result.lease
     svc.access_log.write(
         "lock.force_release",

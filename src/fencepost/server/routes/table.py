@@ -133,7 +133,8 @@ ROUTES: tuple[RouteSpec, ...] = (
     ),
     RouteSpec(
         "DELETE", "/v1/locks/{key}", locks.force_release, "forceReleaseLock",
-        "Force-release a stuck lock", Role.ADMIN,
+        "Force-release a stuck lock (an admin: any lock; a member: a lease its own key took)",
+        Role.MEMBER,
         responses=((200, (schemas.ForceReleasedLease, schemas.NothingToRelease),
                     "Released, or not held (also a success: afterwards no lease is live)."),),
     ),

@@ -8,8 +8,14 @@ from typing import Any, Generator
 
 from fencepost.core import leases as rules
 from fencepost.core.leases import AcquireRequest, Busy, EndReason, Granted, Lease, OnExpiry
-from fencepost.errors import LeaseExpired, LeaseLost
-from fencepost.store.base import AcquireResult, ForceReleased, LockView, lock_freed
+from fencepost.errors import Forbidden, LeaseExpired, LeaseLost
+from fencepost.store.base import (
+    AcquireResult,
+    ForceReleased,
+    ForceReleaser,
+    LockView,
+    lock_freed,
+)
 from fencepost.store.batch import Cursor, Tx
 from fencepost.store.sql import ended, fencing
 from fencepost.store.sql.known_leases import KnownLeases
@@ -17,8 +23,10 @@ from fencepost.store.sql.replicas import Place
 
 _LEASE_COLUMNS = (
     "key, lock_token, fencing_token, acquired_ms, expires_ms, deadline_ms, "
-    "operation, metadata, on_expiry"
+    "operation, metadata, on_expiry, key_id"
 )
+# Where a row of lease columns continues (the waiter count that follows them).
+_AFTER_LEASE = len(_LEASE_COLUMNS.split(", "))
 _WAITERS_AHEAD = (
     "(SELECT COUNT(*) FROM lock_waiters w "
     "WHERE w.project = ? AND w.key = ? AND w.ticket < ? AND w.alive_until_ms > ?)"
@@ -31,12 +39,12 @@ _LEASE_AND_LINE = (
 _NO_TICKET = 2**62
 _LEASE_VALUES = (
     "project, key, lock_token, fencing_token, acquired_ms, expires_ms, deadline_ms, dies_ms, "
-    "operation, metadata, on_expiry"
+    "operation, metadata, on_expiry, key_id"
 )
 # Written only in the state the rules were asked about: no lease row (not even
 # a dead one) and no live waiter. Otherwise nothing is written.
 _INSERT_IF_FREE = (
-    f"INSERT INTO locks ({_LEASE_VALUES}) SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? "
+    f"INSERT INTO locks ({_LEASE_VALUES}) SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? "
     "WHERE NOT EXISTS (SELECT 1 FROM lock_waiters "
     "WHERE project = ? AND key = ? AND alive_until_ms > ?) "
     "ON CONFLICT (project, key) DO NOTHING"
@@ -54,6 +62,7 @@ def _lease(row: Any) -> Lease:
         operation=row[6],
         metadata_json=row[7],
         on_expiry=OnExpiry(row[8]),
+        key_id=row[9],
     )
 
 
@@ -71,22 +80,23 @@ def load_line(
     `before_ticket` (all of them when None), in one statement."""
     ahead = before_ticket if before_ticket is not None else _NO_TICKET
     row = tx.execute(_LEASE_AND_LINE, (project, key, ahead, tx.now_ms, project, key)).fetchone()
-    return (None if row[0] is None else _lease(row)), int(row[9])
+    return (None if row[0] is None else _lease(row)), int(row[_AFTER_LEASE])
 
 
 def _lease_values(project: str, lease: Lease) -> tuple[Any, ...]:
     return (
         project, lease.key, lease.lock_token, lease.fencing_token, lease.acquired_ms,
         lease.expires_ms, lease.deadline_ms, rules.end_of_life_ms(lease), lease.operation,
-        lease.metadata_json, lease.on_expiry.value,
+        lease.metadata_json, lease.on_expiry.value, lease.key_id,
     )
 
 
 def join_line(tx: Tx, project: str, key: str, request: AcquireRequest, place: Place) -> int:
     row = tx.execute(
-        "INSERT INTO lock_waiters (project, key, lock_token, alive_until_ms, replica) "
-        "VALUES (?, ?, ?, ?, ?) RETURNING ticket",
-        (project, key, request.lock_token, tx.now_ms + place.alive_ms, place.replica),
+        "INSERT INTO lock_waiters (project, key, lock_token, alive_until_ms, replica, key_id) "
+        "VALUES (?, ?, ?, ?, ?, ?) RETURNING ticket",
+        (project, key, request.lock_token, tx.now_ms + place.alive_ms, place.replica,
+         request.key_id),
     ).fetchone()
     return int(row[0])
 
@@ -252,13 +262,21 @@ def release(
     return released
 
 
-def force_release(tx: Tx, known: KnownLeases, project: str, key: str) -> ForceReleased:
-    known.forget(project, key)
+def force_release(
+    tx: Tx, known: KnownLeases, project: str, key: str, by: ForceReleaser
+) -> ForceReleased:
+    """End the live lease if `by` may (else raise Forbidden, changing nothing)."""
     current = load_lease(tx, project, key)
     if current is None or not rules.is_live(current, tx.now_ms):
+        known.forget(project, key)
         if current is not None:  # dead but not yet reaped
             end_lease(tx, project, key, current.lock_token, EndReason.EXPIRED)
         return ForceReleased(key, None, tx.now_ms)
+    if not rules.may_force_release(current, by.key_id, by.is_admin):
+        raise Forbidden(
+            "Only an admin or the API key that took this lease may force-release it."
+        )
+    known.forget(project, key)
     end_lease(tx, project, key, current.lock_token, EndReason.FORCE_RELEASED)
     return ForceReleased(key, current, tx.now_ms)
 
@@ -283,18 +301,19 @@ def list_views(
         "AND key < ? AND key > ? AND dies_ms > ? ORDER BY key LIMIT ?",
         (tx.now_ms, project, low, prefix + "\U0010ffff", after or "", tx.now_ms, limit),
     ).fetchall()
-    return [LockView(row[0], _lease(row), int(row[9]), tx.now_ms) for row in rows]
+    return [LockView(row[0], _lease(row), int(row[_AFTER_LEASE]), tx.now_ms) for row in rows]
 
 
 def write_lease(tx: Tx, project: str, lease: Lease) -> None:
     tx.execute(
         f"INSERT INTO locks ({_LEASE_VALUES}) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
         "ON CONFLICT (project, key) DO UPDATE SET lock_token = excluded.lock_token, "
         "fencing_token = excluded.fencing_token, acquired_ms = excluded.acquired_ms, "
         "expires_ms = excluded.expires_ms, deadline_ms = excluded.deadline_ms, "
         "dies_ms = excluded.dies_ms, operation = excluded.operation, "
-        "metadata = excluded.metadata, on_expiry = excluded.on_expiry",
+        "metadata = excluded.metadata, on_expiry = excluded.on_expiry, "
+        "key_id = excluded.key_id",
         _lease_values(project, lease),
     )
     # An older ended_leases row for this token (a token reused after its lease
