@@ -61,3 +61,45 @@ async def test_an_admin_may_force_release_a_lease_of_unknown_owner(store):
 async def test_a_member_force_releasing_a_free_lock_changes_nothing(store):
     result = await store.force_release(P, "k", ForceReleaser("key_member", is_admin=False))
     assert result.lease is None
+
+
+# --- fence check (§3.8) ---------------------------------------------------------
+
+
+async def fence(store, token, key="k"):
+    verdict = await store.fence_check(P, key, token)
+    return verdict.current, verdict.live_token, verdict.reason
+
+
+async def test_fence_check_follows_a_lock_through_every_ending(store, clock):
+    a, b, c = token(), token(), token()
+    first = await grant(store, tok=a)
+    assert await fence(store, first.fencing_token) == (True, first.fencing_token, None)
+    assert await store.release_lock(P, "k", a)
+    assert await fence(store, first.fencing_token) == (False, None, "released")
+
+    second = await grant(store, tok=b, ttl=5)
+    clock.advance(5_000)  # dead, not yet reaped: still the row
+    assert await fence(store, second.fencing_token) == (False, None, "expired")
+    await store.reap()
+    assert await fence(store, second.fencing_token) == (False, None, "expired")
+
+    third = await grant(store, tok=c)
+    live = third.fencing_token
+    assert await fence(store, second.fencing_token) == (False, live, "superseded")
+    assert await fence(store, first.fencing_token) == (False, live, "released")
+    await store.force_release(P, "k", ADMIN)
+    assert await fence(store, live) == (False, None, "force_released")
+
+
+async def test_fence_check_of_a_token_never_issued_here_is_unknown(store):
+    lease = await grant(store, "other")
+    assert await fence(store, lease.fencing_token, key="k") == (False, None, "unknown")
+    assert await fence(store, 2**53 - 1) == (False, None, "unknown")
+
+
+async def test_an_expired_lease_replaced_by_an_acquire_is_superseded(store, clock):
+    old = await grant(store, ttl=5)
+    clock.advance(5_000)
+    new = await grant(store)  # replaces the dead row without the reaper
+    assert await fence(store, old.fencing_token) == (False, new.fencing_token, "superseded")

@@ -1,4 +1,4 @@
-"""`fencepost lock ...`: acquire, renew, release, show, list, force-release."""
+"""`fencepost lock ...`: acquire, renew, release, show, list, force-release, fence-check."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from fencepost.cli.common import Ctx, api_command, connection_options, follow_pages
+from fencepost.cli.exitcodes import ExitCode
 from fencepost.cli.params import JSON_OBJECT, NAME, UUID
 from fencepost.cli.progress import ProgressLine, lock_waiting, while_waiting
 from fencepost.cli.quiet import check_output_mode, emit_created, quiet_option
@@ -153,7 +154,8 @@ async def list_(ctx: Ctx, prefix: str | None, limit: int) -> None:
 @connection_options
 @api_command
 async def force_release(ctx: Ctx, key: str) -> None:
-    """Release lock KEY whoever holds it (admin). Its holder's next renewal fails."""
+    """Release lock KEY without its lock token: an admin may end any lease, a
+    member one its own API key took. Its holder's next renewal fails."""
     async with ctx.client() as client:
         result = await client.force_release(key)
 
@@ -165,3 +167,27 @@ async def force_release(ctx: Ctx, key: str) -> None:
                 f"operation {result.operation or '-'}, held for {age})")
 
     ctx.emit(result.to_dict(), human)
+
+
+@lock.command("fence-check")
+@click.argument("key", type=NAME)
+@click.argument("token", type=click.IntRange(0, 2**53 - 1))
+@connection_options
+@api_command
+async def fence_check(ctx: Ctx, key: str, token: int) -> int:
+    """Check whether fencing token TOKEN is the one of lock KEY's live lease.
+
+    Exit code 0 when it is current, 4 when it is stale (the output says why:
+    expired, released, force_released, superseded or unknown).
+    """
+    async with ctx.client() as client:
+        result = await client.fence_check(key, token)
+
+    def human() -> str:
+        if result.current:
+            return f"fencing token {token} is current for lock {key}"
+        live = f"; the live token is {result.live_token}" if result.live_token else ""
+        return f"fencing token {token} is stale for lock {key} ({result.reason}){live}"
+
+    ctx.emit(result.to_dict(), human)
+    return int(ExitCode.OK if result.current else ExitCode.LOST)

@@ -17,6 +17,7 @@ from fencepost.client.keeper import Loss
 from fencepost.client.methods import METHOD_NAMES, Methods
 from fencepost.client.models import (
     CreatedKey,
+    FenceCheck,
     ForceRelease,
     Health,
     KeyInfo,
@@ -44,6 +45,7 @@ __all__ = [
     "AsyncSlotHold",
     "Client",
     "CreatedKey",
+    "FenceCheck",
     "ForceRelease",
     "Health",
     "KeyInfo",

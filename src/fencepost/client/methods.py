@@ -97,6 +97,7 @@ class Methods:
     get_lock = operation(ops.get_lock)
     list_locks = operation(ops.list_locks)
     force_release = operation(ops.force_release)
+    fence_check = operation(ops.fence_check)
     # pools
     set_pool = operation(ops.set_pool)
     get_pool = operation(ops.get_pool)

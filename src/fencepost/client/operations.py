@@ -18,6 +18,7 @@ import msgspec
 
 from fencepost.client.models import (
     CreatedKey,
+    FenceCheck,
     ForceRelease,
     Health,
     KeyInfo,
@@ -184,10 +185,20 @@ def list_locks(
 
 
 def force_release(key: str) -> Op[ForceRelease]:
-    """Force-release lock `key` whatever holds it (admin). Always succeeds;
-    afterwards no lease is live and the displaced holder's next renewal fails."""
+    """Force-release lock `key` without its lock token: an admin may end any
+    lease, a member one its own API key took (else `Forbidden`). Afterwards no
+    lease is live and the displaced holder's next renewal fails."""
     return _one(Call("DELETE", f"/v1/locks/{name_segment(key, 'key')}",
                      decode_as(ForceRelease)))
+
+
+def fence_check(key: str, token: int) -> Op[FenceCheck]:
+    """Whether `token` is the fencing token of lock `key`'s live lease, for a
+    resource that cannot keep the highest token itself (SPEC §3.8)."""
+    if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+        raise ValueError("token must be a non-negative integer (a fencing token)")
+    return _one(Call("GET", f"/v1/locks/{name_segment(key, 'key')}/fence",
+                     decode_as(FenceCheck), params={"token": str(token)}))
 
 
 # --- pools (SPEC §4) -----------------------------------------------------------

@@ -200,6 +200,46 @@ def holds(current: Lease | None, lock_token: str, now_ms: int) -> bool:
     return current is not None and current.lock_token == lock_token and is_live(current, now_ms)
 
 
+# A fence check's reason when the server has no record of the token on this
+# lock (never issued for it, or ended longer ago than the server remembers).
+FENCE_UNKNOWN = "unknown"
+# Fencing tokens stay below 2^53 (SPEC §1): a larger number was never issued.
+MAX_FENCING_TOKEN = 2**53 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class FenceVerdict:
+    """The answer to "is token N the fencing token of this lock's live lease?"."""
+
+    token: int
+    current: bool
+    live_token: int | None
+    reason: str | None  # None exactly when current
+
+
+def judge_fence(
+    current: Lease | None, token: int, now_ms: int, ended: EndReason | None
+) -> FenceVerdict:
+    """Judge `token` against the lock's lease row (live or dead) and the recorded
+    end of the lease that had it, if any. A stale token's reason follows the
+    rule a late renewal is told (`lost_reason`): an expired lease whose lock is
+    held again by someone else was superseded."""
+    live = current if current is not None and is_live(current, now_ms) else None
+    live_token = None if live is None else live.fencing_token
+    if live is not None and live.fencing_token == token:
+        return FenceVerdict(token, True, live_token, None)
+    reason: str
+    if current is not None and current.fencing_token == token:
+        reason = EndReason.EXPIRED.value  # still on record, but dead
+    elif ended is EndReason.EXPIRED and live is not None:
+        reason = EndReason.SUPERSEDED.value
+    elif ended is not None:
+        reason = ended.value
+    else:
+        reason = FENCE_UNKNOWN
+    return FenceVerdict(token, False, live_token, reason)
+
+
 def may_force_release(lease: Lease, key_id: str, is_admin: bool) -> bool:
     """An admin may end any lease of its project; anyone else only a lease its
     own API key took (ownership is the only check: the caller is typically a

@@ -100,6 +100,21 @@ class ForceReleasedLease(msgspec.Struct):
     expires_in_ms: int
 
 
+class FenceCheck(msgspec.Struct):
+    key: str
+    token: int
+    current: Annotated[
+        bool, Meta(description="True exactly when `token` is the live lease's fencing token.")
+    ]
+    live_token: Annotated[
+        int | None, Meta(description="The live lease's fencing token; null when none is live.")
+    ]
+    reason: Annotated[
+        Literal["expired", "released", "force_released", "superseded", "unknown"] | None,
+        Meta(description="Why a stale token is stale; null when current."),
+    ]
+
+
 class NothingToRelease(msgspec.Struct):
     released: Literal[False]
     key: str

@@ -12,7 +12,7 @@ from typing import Callable, Protocol
 
 from fencepost.core.governor import GovernorState
 from fencepost.core.keys import Role
-from fencepost.core.leases import AcquireRequest, Busy, Granted, Lease
+from fencepost.core.leases import AcquireRequest, Busy, FenceVerdict, Granted, Lease
 from fencepost.core.ratelimit_headers import RateLimitInfo
 from fencepost.core.slots import PoolConfig, Slot
 
@@ -214,6 +214,10 @@ class Store(Protocol):
         Raises Forbidden, changing nothing, when `by` may not end the live one."""
 
     async def get_lock(self, project: str, key: str) -> LockView: ...
+
+    async def fence_check(self, project: str, key: str, token: int) -> FenceVerdict:
+        """Whether `token` is the fencing token of the lock's live lease, and
+        why not (SPEC §3.8)."""
 
     async def list_locks(
         self, project: str, prefix: str, after: str | None, limit: int

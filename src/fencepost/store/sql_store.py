@@ -12,7 +12,7 @@ import itertools
 from typing import Any, Awaitable, Callable, TypeVar
 
 from fencepost.core.keys import hash_secret, new_secret
-from fencepost.core.leases import AcquireRequest, Lease
+from fencepost.core.leases import AcquireRequest, FenceVerdict, Lease
 from fencepost.core.slots import PoolConfig, Slot
 from fencepost.errors import StoreUnavailable
 from fencepost.store.base import (
@@ -178,6 +178,9 @@ class SqlStore:
 
     async def get_lock(self, project: str, key: str) -> LockView:
         return await self._read(lambda tx: locks.view(tx, project, key))
+
+    async def fence_check(self, project: str, key: str, token: int) -> FenceVerdict:
+        return await self._read(lambda tx: locks.fence_check(tx, project, key, token))
 
     async def list_locks(
         self, project: str, prefix: str, after: str | None, limit: int

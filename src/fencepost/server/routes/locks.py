@@ -14,6 +14,7 @@ from fencepost.errors import FencepostError
 from fencepost.server import schemas
 from fencepost.server.attempts import AttemptLog, get_or_wait
 from fencepost.server.context import endpoint, path_name, request_id, services
+from fencepost.server.fence_query import fence_token
 from fencepost.server.http import json_response, required_uuid_header
 from fencepost.server.listing import list_query, page
 from fencepost.server.messages import Request, Response
@@ -173,6 +174,24 @@ async def inspect(request: Request) -> Response:
     key = path_name(request, "key")
     view = await svc.store.get_lock(principal.project, key)
     return json_response(200, lock_state(view))
+
+
+@endpoint
+async def fence_check(request: Request) -> Response:
+    """GET /v1/locks/{key}/fence?token=N: for a resource that cannot keep the
+    highest token itself (SPEC §3.8); always 200 for a well-formed request."""
+    svc = services(request)
+    principal = await svc.auth.authenticate(request, Role.READER)
+    key = path_name(request, "key")
+    token = fence_token(request)
+    verdict = await svc.store.fence_check(principal.project, key, token)
+    return json_response(
+        200,
+        schemas.FenceCheck(
+            key=key, token=token, current=verdict.current, live_token=verdict.live_token,
+            reason=verdict.reason,  # type: ignore[arg-type]
+        ),
+    )
 
 
 @endpoint

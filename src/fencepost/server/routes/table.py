@@ -139,6 +139,16 @@ ROUTES: tuple[RouteSpec, ...] = (
                     "Released, or not held (also a success: afterwards no lease is live)."),),
     ),
     RouteSpec(
+        "GET", "/v1/locks/{key}/fence", locks.fence_check, "checkFence",
+        "Check a fencing token against the lock's live lease", Role.READER,
+        responses=((200, schemas.FenceCheck,
+                    "Whether the token is current, and why not (always 200 when well-formed)."),),
+        params=(
+            Param("token", "query", {"type": "integer", "minimum": 0, "maximum": 2**53 - 1},
+                  "The fencing token to check (given once).", True, ValidationError),
+        ),
+    ),
+    RouteSpec(
         "GET", "/v1/locks", locks.list_locks, "listLocks", "List held locks", Role.READER,
         responses=((200, schemas.LockList, "Held locks sorted by key."),),
         params=LIST_QUERY,

@@ -7,7 +7,15 @@ from __future__ import annotations
 from typing import Any, Generator
 
 from fencepost.core import leases as rules
-from fencepost.core.leases import AcquireRequest, Busy, EndReason, Granted, Lease, OnExpiry
+from fencepost.core.leases import (
+    AcquireRequest,
+    Busy,
+    EndReason,
+    FenceVerdict,
+    Granted,
+    Lease,
+    OnExpiry,
+)
 from fencepost.errors import Forbidden, LeaseExpired, LeaseLost
 from fencepost.store.base import (
     AcquireResult,
@@ -120,7 +128,9 @@ def _decide_and_write(
     )
     if isinstance(outcome, Granted) and outcome.created:
         if current is not None:  # a dead lease not yet reaped is replaced
-            ended.remember(tx, project, key, current.lock_token, EndReason.EXPIRED)
+            ended.remember(
+                tx, project, key, current.lock_token, current.fencing_token, EndReason.EXPIRED
+            )
         write_lease(tx, project, outcome.lease)
         known.put(project, outcome.lease)
     return outcome
@@ -255,9 +265,10 @@ def release(
         return False
     known.forget(project, key)
     # A dead lease not yet reaped ends here just as the reaper would end it.
-    released = rules.holds(_lease(row), lock_token, tx.now_ms)
+    lease = _lease(row)
+    released = rules.holds(lease, lock_token, tx.now_ms)
     reason = EndReason.RELEASED if released else EndReason.EXPIRED
-    ended.remember(tx, project, key, lock_token, reason)
+    ended.remember(tx, project, key, lock_token, lease.fencing_token, reason)
     tx.events.append(lock_freed(project, key))
     return released
 
@@ -270,15 +281,25 @@ def force_release(
     if current is None or not rules.is_live(current, tx.now_ms):
         known.forget(project, key)
         if current is not None:  # dead but not yet reaped
-            end_lease(tx, project, key, current.lock_token, EndReason.EXPIRED)
+            end_lease(tx, project, current, EndReason.EXPIRED)
         return ForceReleased(key, None, tx.now_ms)
     if not rules.may_force_release(current, by.key_id, by.is_admin):
         raise Forbidden(
             "Only an admin or the API key that took this lease may force-release it."
         )
     known.forget(project, key)
-    end_lease(tx, project, key, current.lock_token, EndReason.FORCE_RELEASED)
+    end_lease(tx, project, current, EndReason.FORCE_RELEASED)
     return ForceReleased(key, current, tx.now_ms)
+
+
+def fence_check(tx: Tx, project: str, key: str, token: int) -> FenceVerdict:
+    """Whether `token` is the fencing token of the lock's live lease, and if
+    not, why (SPEC §3.8). A read: nothing is written."""
+    current = load_lease(tx, project, key)
+    if current is not None and current.fencing_token == token:
+        return rules.judge_fence(current, token, tx.now_ms, None)
+    reason = ended.reason_of_token(tx, project, key, token)
+    return rules.judge_fence(current, token, tx.now_ms, reason)
 
 
 def view(tx: Tx, project: str, key: str) -> LockView:
@@ -321,13 +342,13 @@ def write_lease(tx: Tx, project: str, lease: Lease) -> None:
     # lock, and is overwritten when this lease ends.
 
 
-def end_lease(tx: Tx, project: str, key: str, lock_token: str, reason: EndReason) -> None:
+def end_lease(tx: Tx, project: str, lease: Lease, reason: EndReason) -> None:
     tx.execute(
         "DELETE FROM locks WHERE project = ? AND key = ? AND lock_token = ?",
-        (project, key, lock_token),
+        (project, lease.key, lease.lock_token),
     )
-    ended.remember(tx, project, key, lock_token, reason)
-    tx.events.append(lock_freed(project, key))
+    ended.remember(tx, project, lease.key, lease.lock_token, lease.fencing_token, reason)
+    tx.events.append(lock_freed(project, lease.key))
 
 
 def reap(tx: Tx, known: KnownLeases, forget_before_ms: int | None) -> int:
@@ -336,11 +357,12 @@ def reap(tx: Tx, known: KnownLeases, forget_before_ms: int | None) -> int:
     Contract: deletes exactly the leases that are dead now; running it twice, or
     on two servers at once, frees nothing twice."""
     dead = tx.execute(
-        "DELETE FROM locks WHERE dies_ms <= ? RETURNING project, key, lock_token", (tx.now_ms,)
+        "DELETE FROM locks WHERE dies_ms <= ? RETURNING project, key, lock_token, fencing_token",
+        (tx.now_ms,),
     ).fetchall()
-    for project, key, token in dead:
+    for project, key, token, fencing_token in dead:
         known.forget(project, key)
-        ended.remember(tx, project, key, token, EndReason.EXPIRED)
+        ended.remember(tx, project, key, token, fencing_token, EndReason.EXPIRED)
         tx.events.append(lock_freed(project, key))
     gone = tx.execute(
         "DELETE FROM lock_waiters WHERE alive_until_ms <= ? RETURNING project, key",
