@@ -30,3 +30,15 @@ def test_fence_check_bad_arguments_are_usage_errors(member_env: dict[str, str]) 
     for token in ["-1", "abc", str(2**53)]:
         assert_clean_failure(fp("lock", "fence-check", "k", token, env=member_env), 2)
     assert_clean_failure(fp("lock", "fence-check", "-bad-", "1", env=member_env), 2)
+
+
+def test_lock_delay_option(member_env: dict[str, str]) -> None:
+    key = unique_name("clidelay")
+    assert fp("lock", "acquire", key, "--ttl", "30", "--lock-delay", "30",
+              env=member_env).returncode == 0
+    forced = fp("lock", "force-release", key, env=member_env)  # its own key's lease
+    assert forced.returncode == 0, forced.stderr
+    busy = fp("lock", "acquire", key, env=member_env)
+    assert_clean_failure(busy, 3)
+    assert "lock delay" in busy.stderr
+    assert_clean_failure(fp("lock", "acquire", key, "--lock-delay", "61", env=member_env), 2)

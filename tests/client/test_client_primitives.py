@@ -7,7 +7,7 @@ import pytest
 
 import fencepost
 import fencepost.client
-from fencepost.errors import Forbidden
+from fencepost.errors import Forbidden, LockHeld
 from support import ServerProcess, unique_name
 
 
@@ -44,3 +44,28 @@ def test_the_owner_key_force_releases_its_lease(server: ServerProcess, member_ke
             stranger.force_release(key)
         forced = member.force_release(key)
         assert forced.released and forced.fencing_token == lease.fencing_token
+
+
+def test_lock_with_a_lock_delay(server: ServerProcess, member_key: str) -> None:
+    key = unique_name("cdelay")
+    with fencepost.Client(server.base_url, member_key) as member:
+        with member.lock(key, ttl=30, lock_delay=30, raise_on_loss=False) as hold:
+            forced = member.force_release(key)
+            assert forced.released and forced.fencing_token == hold.fencing_token
+        # The lease ended by force release: the lock is in its delay.
+        with pytest.raises(LockHeld) as held:
+            member.acquire_lock(key, ttl=30)
+        assert held.value.reason == "lock_delay"
+        assert held.value.retry_after is not None and 0 < held.value.retry_after <= 30
+
+
+async def test_acquire_lock_with_a_lock_delay_async(server: ServerProcess,
+                                                    member_key: str) -> None:
+    key = unique_name("cdelay")
+    async with fencepost.AsyncClient(server.base_url, member_key) as member:
+        lease = await member.acquire_lock(key, ttl=30, lock_delay=5)
+        await member.force_release(key)
+        with pytest.raises(LockHeld) as held:
+            await member.acquire_lock(key, ttl=30)
+        assert held.value.reason == "lock_delay"
+        assert lease.fencing_token > 0

@@ -3,13 +3,14 @@ delay (§3.9) and key refresh (§5), identical on every backend."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import pytest
 
-from fencepost.core.leases import AcquireRequest, Granted
+from fencepost.core.leases import AcquireRequest, Busy, Granted
 from fencepost.errors import Forbidden, LeaseLost
-from fencepost.store.base import ForceReleaser
+from fencepost.store.base import ForceReleaser, Freed, lock_freed
 
 P = "default"
 ADMIN = ForceReleaser("key_admin", is_admin=True)
@@ -103,3 +104,81 @@ async def test_an_expired_lease_replaced_by_an_acquire_is_superseded(store, cloc
     clock.advance(5_000)
     new = await grant(store)  # replaces the dead row without the reaper
     assert await fence(store, old.fencing_token) == (False, new.fencing_token, "superseded")
+
+
+# --- lock delay (§3.9) ------------------------------------------------------------
+
+
+async def refused(store, key="k", tok=None):
+    result = await store.acquire_lock(P, key, req(tok), wait_alive_ms=None)
+    assert isinstance(result.outcome, Busy), result
+    return result.outcome
+
+
+async def test_an_expired_lease_delays_the_next_grant_from_its_expiry(store, clock):
+    await grant(store, ttl=5, lock_delay_seconds=10)
+    clock.advance(5_000)  # expired; not yet reaped: the acquire itself sees it
+    busy = await refused(store)
+    assert busy.delay_until_ms == clock.now + 10_000
+    error = busy.to_error()
+    assert error.reason == "lock_delay" and error.retry_after_ms == 10_000
+    clock.advance(3_000)
+    await store.reap()  # the reaper keeps the delay measured from the expiry
+    assert (await refused(store)).delay_until_ms == clock.now + 7_000
+    clock.advance(6_999)
+    await refused(store)
+    clock.advance(1)
+    assert (await grant(store)).lock_delay_ms == 0
+
+
+async def test_a_delay_ending_wakes_the_line(store, clock):
+    events: list[Freed] = []
+    store.add_freed_listener(events.append)
+    await grant(store, ttl=5, lock_delay_seconds=2)
+    clock.advance(5_000)
+    await store.reap()
+    await asyncio.sleep(0)
+    events.clear()
+    clock.advance(2_000)
+    await store.reap()
+    await asyncio.sleep(0)
+    assert lock_freed(P, "k") in events
+    await grant(store)
+
+
+async def test_force_release_starts_the_delay_and_a_holders_release_does_not(store, clock):
+    a = token()
+    await grant(store, tok=a, ttl=60, lock_delay_seconds=30)
+    await store.force_release(P, "k", ADMIN)
+    assert (await refused(store)).delay_until_ms == clock.now + 30_000
+    clock.advance(30_000)
+    b = token()
+    await grant(store, tok=b, lock_delay_seconds=30)
+    assert await store.release_lock(P, "k", b)
+    await grant(store)  # at once: its holder released it
+
+
+async def test_waiters_keep_their_place_through_the_delay(store, clock):
+    await grant(store, ttl=5, lock_delay_seconds=5)
+    w1, w2 = req(), req()
+    first = await store.acquire_lock(P, "k", w1, wait_alive_ms=60_000)
+    second = await store.acquire_lock(P, "k", w2, wait_alive_ms=60_000)
+    clock.advance(5_000)
+    await store.reap()
+    busy = await store.retry_waiter(P, "k", w1, first.ticket, 60_000)
+    assert isinstance(busy.outcome, Busy) and busy.outcome.delay_until_ms == clock.now + 5_000
+    assert busy.ticket == first.ticket  # still first in line
+    clock.advance(5_000)
+    await refused(store)  # a fail-fast caller does not jump the line
+    assert isinstance((await store.retry_waiter(P, "k", w2, second.ticket, 60_000)).outcome, Busy)
+    granted = await store.retry_waiter(P, "k", w1, first.ticket, 60_000)
+    assert isinstance(granted.outcome, Granted)
+    assert granted.outcome.lease.lock_token == w1.lock_token
+
+
+async def test_a_keep_lease_delays_from_its_deadline(store, clock):
+    from fencepost.core.leases import LEASE_LIFETIME_MS, OnExpiry
+
+    await grant(store, ttl=5, on_expiry=OnExpiry.KEEP, lock_delay_seconds=1)
+    clock.advance(LEASE_LIFETIME_MS)
+    assert (await refused(store)).delay_until_ms == clock.now + 1_000

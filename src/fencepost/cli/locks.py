@@ -38,14 +38,18 @@ def lock() -> None:
 @click.option("--metadata", type=JSON_OBJECT, default=None, help="JSON object of holder details.")
 @click.option("--on-expiry", type=click.Choice(["release", "keep"]), default="release",
               show_default=True, help="keep: stay held (overdue) past the TTL.")
+@click.option("--lock-delay", type=click.IntRange(0, 60), default=0, show_default=True,
+              metavar="SECONDS",
+              help="If the lease ends by expiry or force release, nobody gets the lock "
+                   "for this long (0..60).")
 @click.option("--token", type=UUID, default=None,
               help="Lock token to use (default: a new one). Reusing it makes retries safe.")
 @quiet_option("the lock token")
 @connection_options
 @api_command
 async def acquire(ctx: Ctx, key: str, ttl: int, wait: float, operation: str | None,
-                  metadata: dict[str, Any] | None, on_expiry: str, token: str | None,
-                  quiet: bool) -> None:
+                  metadata: dict[str, Any] | None, on_expiry: str, lock_delay: int,
+                  token: str | None, quiet: bool) -> None:
     """Acquire lock KEY and print its lock token and fencing token.
 
     The lease is not renewed after this command exits: renew it with
@@ -58,7 +62,7 @@ async def acquire(ctx: Ctx, key: str, ttl: int, wait: float, operation: str | No
     async with ctx.client() as client:
         work = client.acquire_lock(key, ttl=ttl, wait=wait, operation=operation,
                                    metadata=metadata, on_expiry=on_expiry,  # type: ignore[arg-type]
-                                   token=token)
+                                   lock_delay=lock_delay, token=token)
         lease = await while_waiting(work, lock_waiting(client, key), ProgressLine())
     emit_created(ctx, quiet, lease.lock_token, lease.to_dict(), lambda: "\n".join([
         f"acquired lock {lease.key}: fencing token {lease.fencing_token}, "

@@ -132,6 +132,7 @@ class AsyncClient(Methods, AsyncRunner):
         operation: str | None = None,
         metadata: Mapping[str, Any] | None = None,
         on_expiry: OnExpiry = "release",
+        lock_delay: int = 0,
         renew_every: float | None = None,
         on_lost: Callable[[AsyncLockHold], Any] | None = None,
         cancel_on_loss: bool = False,
@@ -151,11 +152,15 @@ class AsyncClient(Methods, AsyncRunner):
         True, `lost_event` is set, `on_lost(hold)` is called (it may be async),
         and with `cancel_on_loss=True` the block is cancelled and `LeaseLost` is
         raised from it. A block that ends normally after its lease was lost
-        raises `LeaseLost` on exit unless `raise_on_loss=False`.
+        raises `LeaseLost` on exit unless `raise_on_loss=False`. With
+        `lock_delay` (0..60 s), if the lease ends by expiry or force release
+        nobody gets the lock for that long, so this holder's writes in flight
+        land before the next holder starts.
         """
         return AsyncLockHold(
             self, key, ttl=ttl, wait=wait, operation=operation, metadata=metadata,
-            on_expiry=on_expiry, renew_every=renew_every, token=token, on_lost=on_lost,
+            on_expiry=on_expiry, lock_delay=lock_delay, renew_every=renew_every, token=token,
+            on_lost=on_lost,
             raise_on_loss=raise_on_loss, cancel_on_loss=cancel_on_loss,
         )
 

@@ -85,6 +85,7 @@ def acquire_call(
     operation: str | None = None,
     metadata: Mapping[str, Any] | None = None,
     on_expiry: OnExpiry = "release",
+    lock_delay: int = 0,
     retry: bool = True,
 ) -> Call[Lease]:
     """The acquire request for one lock token; waits until `wait_until` (monotonic)."""
@@ -95,6 +96,8 @@ def acquire_call(
         body["metadata"] = dict(metadata)
     if on_expiry != "release":
         body["on_expiry"] = on_expiry
+    if lock_delay:
+        body["lock_delay_seconds"] = lock_delay
 
     def decode(reply: Reply) -> Lease:
         lease = parse_body(reply, Lease)
@@ -116,14 +119,16 @@ def acquire_lock(
     operation: str | None = None,
     metadata: Mapping[str, Any] | None = None,
     on_expiry: OnExpiry = "release",
+    lock_delay: int = 0,
     token: str | None = None,
 ) -> Op[Lease]:
     """Acquire lock `key` for `ttl` seconds, waiting in line up to `wait` seconds
     (0 fails fast with `LockHeld`). Returns the `Lease`, whose `lock_token` you
-    keep to renew and release. A retried request reuses the same lock token, so a
-    lost answer never creates a second lease. Waits over 300 s (the server's
-    longest) are made of consecutive waits. You usually want `lock()` instead:
-    it renews and releases for you."""
+    keep to renew and release. `lock_delay` (0..60 s): if this lease ends by
+    expiry or force release, nobody gets the lock for that long. A retried
+    request reuses the same lock token, so a lost answer never creates a second
+    lease. Waits over 300 s (the server's longest) are made of consecutive
+    waits. You usually want `lock()` instead: it renews and releases for you."""
     token = token or new_token()
     deadline = time.monotonic() + wait if wait > 0 else None
     while True:
@@ -132,7 +137,7 @@ def acquire_lock(
             chunk_end = min(deadline, time.monotonic() + MAX_LOCK_WAIT_S)
         call = acquire_call(
             key, token, ttl=ttl, wait_until=chunk_end, operation=operation,
-            metadata=metadata, on_expiry=on_expiry,
+            metadata=metadata, on_expiry=on_expiry, lock_delay=lock_delay,
         )
         try:
             lease: Lease = yield call

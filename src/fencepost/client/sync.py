@@ -131,6 +131,7 @@ class Client(Methods, SyncRunner):
         operation: str | None = None,
         metadata: Mapping[str, Any] | None = None,
         on_expiry: OnExpiry = "release",
+        lock_delay: int = 0,
         renew_every: float | None = None,
         on_lost: Callable[[LockHold], Any] | None = None,
         raise_on_loss: bool = True,
@@ -147,7 +148,8 @@ class Client(Methods, SyncRunner):
         See `AsyncClient.lock` for the rest."""
         return LockHold(
             self, key, ttl=ttl, wait=wait, operation=operation, metadata=metadata,
-            on_expiry=on_expiry, renew_every=renew_every, token=token, on_lost=on_lost,
+            on_expiry=on_expiry, lock_delay=lock_delay, renew_every=renew_every, token=token,
+            on_lost=on_lost,
             raise_on_loss=raise_on_loss,
         )
 

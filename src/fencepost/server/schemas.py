@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from fencepost.core.leases import TTL_MAX_SECONDS, TTL_MIN_SECONDS
+from fencepost.core.leases import LOCK_DELAY_MAX_SECONDS, TTL_MAX_SECONDS, TTL_MIN_SECONDS
 
 TtlSeconds = Annotated[
     int,
@@ -45,6 +45,12 @@ class AcquireLockBody(Request):
     operation: Operation | None = None
     metadata: Metadata | None = None
     on_expiry: Literal["release", "keep"] = "release"
+    lock_delay_seconds: Annotated[
+        int,
+        Meta(ge=0, le=LOCK_DELAY_MAX_SECONDS,
+             description="After this lease ends by expiry or force release (not by its "
+             "holder's release), nobody is granted the lock for this long."),
+    ] = 0
 
 
 class RenewLockBody(Request):
@@ -202,7 +208,8 @@ class ErrorInfo(msgspec.Struct):
     ] | None = None
     waiters: Annotated[int, Meta(ge=0, description="lock_held: callers in line.")] | None = None
     reason: Annotated[
-        str, Meta(description="lease_lost: expired, released, force_released or superseded.")
+        str, Meta(description="lease_lost: expired, released, force_released or superseded; "
+                  "lock_held: lock_delay while the lock is in its lock delay.")
     ] | None = None
     in_use: Annotated[int, Meta(ge=0, description="too_many_requests: slots held.")] | None = None
     effective_limit: Annotated[

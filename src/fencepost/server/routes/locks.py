@@ -86,6 +86,7 @@ async def acquire(request: Request) -> Response:
             metadata_json=_metadata_json(body.metadata),
             on_expiry=OnExpiry(body.on_expiry),
             key_id=principal.key_id,
+            lock_delay_seconds=body.lock_delay_seconds,
         )
         log.waited = body.wait_seconds > 0
         granted = await _acquire(request, principal.project, key, wanted, body.wait_seconds)
@@ -126,7 +127,11 @@ async def _acquire(
 def _attempt(result: AcquireResult) -> Attempt[Granted]:
     if isinstance(result.outcome, Granted):
         return Attempt(result.outcome)
-    return Attempt(None, result.ticket, result.outcome.to_error())
+    # A lock delay ends by itself: a waiter re-checks then (a timer), besides
+    # the wake-up the reaper sends when it clears the delay.
+    ends_in_ms = result.outcome.ends_in_ms
+    recheck_s = None if ends_in_ms is None else max(ends_in_ms / 1000, 0.005)
+    return Attempt(None, result.ticket, result.outcome.to_error(), recheck_s)
 
 
 def _held(attempt: Attempt[Granted]) -> FencepostError:

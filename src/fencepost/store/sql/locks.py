@@ -31,7 +31,7 @@ from fencepost.store.sql.replicas import Place
 
 _LEASE_COLUMNS = (
     "key, lock_token, fencing_token, acquired_ms, expires_ms, deadline_ms, "
-    "operation, metadata, on_expiry, key_id"
+    "operation, metadata, on_expiry, key_id, lock_delay_ms"
 )
 # Where a row of lease columns continues (the waiter count that follows them).
 _AFTER_LEASE = len(_LEASE_COLUMNS.split(", "))
@@ -47,15 +47,23 @@ _LEASE_AND_LINE = (
 _NO_TICKET = 2**62
 _LEASE_VALUES = (
     "project, key, lock_token, fencing_token, acquired_ms, expires_ms, deadline_ms, dies_ms, "
-    "operation, metadata, on_expiry, key_id"
+    "operation, metadata, on_expiry, key_id, lock_delay_ms"
 )
 # Written only in the state the rules were asked about: no lease row (not even
-# a dead one) and no live waiter. Otherwise nothing is written.
+# a dead one), no live waiter and no lock delay running. Otherwise nothing is written.
 _INSERT_IF_FREE = (
-    f"INSERT INTO locks ({_LEASE_VALUES}) SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? "
+    f"INSERT INTO locks ({_LEASE_VALUES}) SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? "
     "WHERE NOT EXISTS (SELECT 1 FROM lock_waiters "
     "WHERE project = ? AND key = ? AND alive_until_ms > ?) "
+    "AND NOT EXISTS (SELECT 1 FROM lock_delays "
+    "WHERE project = ? AND key = ? AND until_ms > ?) "
     "ON CONFLICT (project, key) DO NOTHING"
+)
+_DELAY_OF = "(SELECT d.until_ms FROM lock_delays d WHERE d.project = ? AND d.key = ?)"
+# The lease row, the waiters ahead and the lock delay in one statement.
+_LEASE_LINE_AND_DELAY = (
+    f"SELECT {', '.join('l.' + c for c in _LEASE_COLUMNS.split(', '))}, {_WAITERS_AHEAD}, "
+    f"{_DELAY_OF} FROM (SELECT 1) AS one LEFT JOIN locks l ON l.project = ? AND l.key = ?"
 )
 
 
@@ -71,6 +79,7 @@ def _lease(row: Any) -> Lease:
         metadata_json=row[7],
         on_expiry=OnExpiry(row[8]),
         key_id=row[9],
+        lock_delay_ms=int(row[10]),
     )
 
 
@@ -91,11 +100,37 @@ def load_line(
     return (None if row[0] is None else _lease(row)), int(row[_AFTER_LEASE])
 
 
+def load_line_and_delay(
+    tx: Tx, project: str, key: str, before_ticket: int | None = None
+) -> tuple[Lease | None, int, int | None]:
+    """`load_line`, and the end of the lock's recorded lock delay (or None)."""
+    ahead = before_ticket if before_ticket is not None else _NO_TICKET
+    row = tx.execute(
+        _LEASE_LINE_AND_DELAY, (project, key, ahead, tx.now_ms, project, key, project, key)
+    ).fetchone()
+    lease = None if row[0] is None else _lease(row)
+    delay = row[_AFTER_LEASE + 1]
+    return lease, int(row[_AFTER_LEASE]), None if delay is None else int(delay)
+
+
+def start_delay(tx: Tx, project: str, lease: Lease, reason: EndReason) -> None:
+    """Record the lock delay `lease` asked for, if its ending starts one that
+    has not passed yet (SPEC §3.9)."""
+    until = rules.delay_until_ms(lease, reason, tx.now_ms)
+    if until is None or until <= tx.now_ms:
+        return
+    tx.execute(
+        "INSERT INTO lock_delays (project, key, until_ms) VALUES (?, ?, ?) "
+        "ON CONFLICT (project, key) DO UPDATE SET until_ms = excluded.until_ms",
+        (project, lease.key, until),
+    )
+
+
 def _lease_values(project: str, lease: Lease) -> tuple[Any, ...]:
     return (
         project, lease.key, lease.lock_token, lease.fencing_token, lease.acquired_ms,
         lease.expires_ms, lease.deadline_ms, rules.end_of_life_ms(lease), lease.operation,
-        lease.metadata_json, lease.on_expiry.value, lease.key_id,
+        lease.metadata_json, lease.on_expiry.value, lease.key_id, lease.lock_delay_ms,
     )
 
 
@@ -117,6 +152,7 @@ def _decide_and_write(
     request: AcquireRequest,
     current: Lease | None,
     waiters_ahead: int,
+    delayed_until_ms: int | None,
 ) -> Granted | Busy:
     outcome = rules.decide_acquire(
         key,
@@ -125,6 +161,7 @@ def _decide_and_write(
         tx.now_ms,
         waiters_ahead=waiters_ahead,
         next_fencing_token=lambda: fencing.take(tx),
+        delayed_until_ms=delayed_until_ms,
     )
     if isinstance(outcome, Granted) and outcome.created:
         if current is not None:  # a dead lease not yet reaped is replaced
@@ -154,7 +191,9 @@ def acquire(
     )
     assert isinstance(outcome, Granted)
     sent = tx.execute(
-        _INSERT_IF_FREE, (*_lease_values(project, outcome.lease), project, key, tx.now_ms)
+        _INSERT_IF_FREE,
+        (*_lease_values(project, outcome.lease), project, key, tx.now_ms, project, key,
+         tx.now_ms),
     )
     yield
     if sent.rowcount:
@@ -162,8 +201,8 @@ def acquire(
         return AcquireResult(outcome)
     fencing.give_back(tx, outcome.lease.fencing_token)
     yield
-    current, waiting = load_line(tx, project, key)
-    outcome = _decide_and_write(tx, known, project, key, request, current, waiting)
+    current, waiting, delayed = load_line_and_delay(tx, project, key)
+    outcome = _decide_and_write(tx, known, project, key, request, current, waiting, delayed)
     if isinstance(outcome, Granted) or place is None:
         return AcquireResult(outcome)
     return AcquireResult(outcome, join_line(tx, project, key, request, place))
@@ -186,8 +225,8 @@ def retry_waiter(
     ).rowcount
     if not refreshed:  # dropped as dead (e.g. a stalled loop): rejoin at the back
         ticket = join_line(tx, project, key, request, place)
-    current, ahead = load_line(tx, project, key, before_ticket=ticket)
-    outcome = _decide_and_write(tx, known, project, key, request, current, ahead)
+    current, ahead, delayed = load_line_and_delay(tx, project, key, before_ticket=ticket)
+    outcome = _decide_and_write(tx, known, project, key, request, current, ahead, delayed)
     if isinstance(outcome, Granted):
         tx.execute("DELETE FROM lock_waiters WHERE ticket = ?", (ticket,))
         return AcquireResult(outcome)
@@ -269,6 +308,7 @@ def release(
     released = rules.holds(lease, lock_token, tx.now_ms)
     reason = EndReason.RELEASED if released else EndReason.EXPIRED
     ended.remember(tx, project, key, lock_token, lease.fencing_token, reason)
+    start_delay(tx, project, lease, reason)
     tx.events.append(lock_freed(project, key))
     return released
 
@@ -328,13 +368,13 @@ def list_views(
 def write_lease(tx: Tx, project: str, lease: Lease) -> None:
     tx.execute(
         f"INSERT INTO locks ({_LEASE_VALUES}) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
         "ON CONFLICT (project, key) DO UPDATE SET lock_token = excluded.lock_token, "
         "fencing_token = excluded.fencing_token, acquired_ms = excluded.acquired_ms, "
         "expires_ms = excluded.expires_ms, deadline_ms = excluded.deadline_ms, "
         "dies_ms = excluded.dies_ms, operation = excluded.operation, "
         "metadata = excluded.metadata, on_expiry = excluded.on_expiry, "
-        "key_id = excluded.key_id",
+        "key_id = excluded.key_id, lock_delay_ms = excluded.lock_delay_ms",
         _lease_values(project, lease),
     )
     # An older ended_leases row for this token (a token reused after its lease
@@ -348,6 +388,7 @@ def end_lease(tx: Tx, project: str, lease: Lease, reason: EndReason) -> None:
         (project, lease.key, lease.lock_token),
     )
     ended.remember(tx, project, lease.key, lease.lock_token, lease.fencing_token, reason)
+    start_delay(tx, project, lease, reason)
     tx.events.append(lock_freed(project, lease.key))
 
 
@@ -357,12 +398,22 @@ def reap(tx: Tx, known: KnownLeases, forget_before_ms: int | None) -> int:
     Contract: deletes exactly the leases that are dead now; running it twice, or
     on two servers at once, frees nothing twice."""
     dead = tx.execute(
-        "DELETE FROM locks WHERE dies_ms <= ? RETURNING project, key, lock_token, fencing_token",
+        f"DELETE FROM locks WHERE dies_ms <= ? RETURNING project, {_LEASE_COLUMNS}",
         (tx.now_ms,),
     ).fetchall()
-    for project, key, token, fencing_token in dead:
-        known.forget(project, key)
-        ended.remember(tx, project, key, token, fencing_token, EndReason.EXPIRED)
+    for row in dead:
+        project, lease = row[0], _lease(row[1:])
+        known.forget(project, lease.key)
+        ended.remember(
+            tx, project, lease.key, lease.lock_token, lease.fencing_token, EndReason.EXPIRED
+        )
+        start_delay(tx, project, lease, EndReason.EXPIRED)
+        tx.events.append(lock_freed(project, lease.key))
+    # Locks whose delay is over: their lines may go now (SPEC §3.9).
+    delays_over = tx.execute(
+        "DELETE FROM lock_delays WHERE until_ms <= ? RETURNING project, key", (tx.now_ms,)
+    ).fetchall()
+    for project, key in delays_over:
         tx.events.append(lock_freed(project, key))
     gone = tx.execute(
         "DELETE FROM lock_waiters WHERE alive_until_ms <= ? RETURNING project, key",
