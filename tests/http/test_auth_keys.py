@@ -203,7 +203,8 @@ def test_reader_may_read(server: ServerProcess, role_keys: dict[str, dict[str, A
         assert [lock["key"] for lock in many.json()["locks"]] == [name]
         me = c.get("/v1/whoami")
         assert me.status_code == 200, me.text
-        assert me.json() == {"project": "default", "key_id": reader["id"], "role": "reader"}
+        assert me.json() == {"project": "default", "key_id": reader["id"], "role": "reader",
+                             "expires_at": reader["expires_at"]}
 
 
 @pytest.mark.parametrize("op", ["acquire", "renew", "release", "force_release", "create_key",
@@ -425,7 +426,8 @@ def test_create_key_response_fields(server: ServerProcess) -> None:
     assert abs((created_at - datetime.now(timezone.utc)).total_seconds()) < 60
     assert abs((expires_at - created_at).total_seconds() - 3600) <= 2, (created_at, expires_at)
     me = whoami(server, body["key"]).json()
-    assert me == {"project": "default", "key_id": body["id"], "role": "member"}
+    assert me == {"project": "default", "key_id": body["id"], "role": "member",
+                  "expires_at": body["expires_at"]}
 
 
 def test_create_key_minimal_defaults(server: ServerProcess) -> None:

@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from fencepost.core.leases import AcquireRequest, Busy, Granted
-from fencepost.errors import Forbidden, LeaseLost
+from fencepost.errors import Forbidden, LeaseLost, Unauthorized, ValidationError
 from fencepost.store.base import ForceReleaser, Freed, lock_freed
 
 P = "default"
@@ -182,3 +182,86 @@ async def test_a_keep_lease_delays_from_its_deadline(store, clock):
     await grant(store, ttl=5, on_expiry=OnExpiry.KEEP, lock_delay_seconds=1)
     clock.advance(LEASE_LIFETIME_MS)
     assert (await refused(store)).delay_until_ms == clock.now + 1_000
+
+
+# --- key refresh (§5) ----------------------------------------------------------------
+
+
+async def test_refresh_mints_a_successor_with_the_callers_terms(store, clock):
+    from fencepost.core.keys import Role
+    from fencepost.store.base import NewKey
+
+    await store.bootstrap(None)  # creates the project
+
+    original, secret = await store.create_key(
+        P, NewKey(Role.MEMBER, "worker", 3_600_000, ["10.0.0.0/8"], 100)
+    )
+    clock.advance(1_000_000)
+    successor, new_secret = await store.refresh_key(original.id, None)
+    assert new_secret != secret and successor.id != original.id
+    assert (successor.project, successor.role, successor.name, successor.allow_ips,
+            successor.rpm_quota) == (P, Role.MEMBER, "worker", ["10.0.0.0/8"], 100)
+    assert successor.expires_ms == clock.now + 3_600_000  # the caller's own lifetime
+    assert (successor.parent_id, successor.root_id) == (original.id, original.id)
+    assert (await store.find_key(secret)).revoked_ms is None  # the old one keeps working
+    shorter, _ = await store.refresh_key(successor.id, 60_000)
+    assert shorter.expires_ms == clock.now + 60_000
+    assert (shorter.parent_id, shorter.root_id) == (successor.id, original.id)
+    # From a short-lived successor the default is its own (short) lifetime, and
+    # nothing in the chain may outlive what an admin granted the original.
+    assert (await store.refresh_key(shorter.id, None))[0].expires_ms == clock.now + 60_000
+    assert (await store.refresh_key(shorter.id, 3_600_000))[0].expires_ms == \
+        clock.now + 3_600_000
+    with pytest.raises(ValidationError):
+        await store.refresh_key(shorter.id, 3_600_001)
+
+
+async def test_a_key_without_expiry_refreshes_to_one_without_expiry(store):
+    from fencepost.core.keys import Role
+    from fencepost.store.base import NewKey
+
+    await store.bootstrap(None)  # creates the project
+
+    original, _ = await store.create_key(P, NewKey(Role.READER))
+    successor, _ = await store.refresh_key(original.id, None)
+    assert successor.expires_ms is None and successor.role is Role.READER
+    assert (await store.refresh_key(original.id, 60_000))[0].expires_ms is not None
+
+
+async def test_an_expired_or_revoked_key_cannot_refresh(store, clock):
+    from fencepost.core.keys import Role
+    from fencepost.store.base import NewKey
+
+    await store.bootstrap(None)  # creates the project
+
+    expiring, _ = await store.create_key(P, NewKey(Role.MEMBER, expires_in_ms=10_000))
+    clock.advance(10_000)
+    with pytest.raises(Unauthorized):
+        await store.refresh_key(expiring.id, None)
+    revoked, _ = await store.create_key(P, NewKey(Role.MEMBER))
+    assert await store.revoke_key(P, revoked.id)
+    with pytest.raises(Unauthorized):
+        await store.refresh_key(revoked.id, None)
+
+
+async def test_revoking_a_key_revokes_every_successor_and_only_those(store):
+    from fencepost.core.keys import Role
+    from fencepost.store.base import NewKey
+
+    await store.bootstrap(None)  # creates the project
+
+    leaked, _ = await store.create_key(P, NewKey(Role.MEMBER, expires_in_ms=3_600_000))
+    child, child_secret = await store.refresh_key(leaked.id, None)
+    grandchild, grandchild_secret = await store.refresh_key(child.id, None)
+    sibling, sibling_secret = await store.refresh_key(leaked.id, None)
+    other, other_secret = await store.create_key(P, NewKey(Role.MEMBER))
+    # Revoking a middle key ends it and what was minted from it, not its parent.
+    assert await store.revoke_key(P, child.id)
+    assert (await store.find_key(grandchild_secret)).revoked_ms is not None
+    assert (await store.find_key(sibling_secret)).revoked_ms is None
+    # Revoking the root ends the whole chain; an unrelated key lives on.
+    assert await store.revoke_key(P, leaked.id)
+    assert (await store.find_key(sibling_secret)).revoked_ms is not None
+    assert (await store.find_key(child_secret)).revoked_ms is not None
+    assert (await store.find_key(other_secret)).revoked_ms is None
+    assert not await store.revoke_key("elsewhere", other.id)

@@ -198,11 +198,12 @@ class CreatedKey(Model, frozen=True, kw_only=True):
 
 
 class WhoAmI(Model, frozen=True, kw_only=True):
-    """The calling key's project, ID and role."""
+    """The calling key's project, ID, role and expiry (None: it never expires)."""
 
     project: str
     key_id: str
     role: Role
+    expires_at: datetime | None = None
 
 
 class Health(Model, frozen=True, kw_only=True):

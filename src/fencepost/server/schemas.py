@@ -141,6 +141,15 @@ class CreateKeyBody(Request):
     rpm_quota: Annotated[int, Meta(ge=1, le=1_000_000)] | None = None
 
 
+class RefreshKeyBody(Request):
+    expires_in_seconds: Annotated[
+        int,
+        Meta(ge=1, le=315_360_000,
+             description="The successor's lifetime (default: the calling key's own); never "
+             "longer than an admin granted the original key."),
+    ] | None = None
+
+
 class KeyInfo(msgspec.Struct):
     id: str
     role: RoleName
@@ -177,6 +186,7 @@ class WhoAmI(msgspec.Struct):
     project: str
     key_id: str
     role: RoleName
+    expires_at: At | None
 
 
 class Health(msgspec.Struct):

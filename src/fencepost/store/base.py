@@ -29,6 +29,11 @@ class KeyRecord:
     allow_ips: list[str]
     rpm_quota: int | None
     revoked_ms: int | None
+    # Key refresh (SPEC §5): the key this one was minted from, its chain's first
+    # key, and the lifetime an admin granted that first key (None: no expiry).
+    parent_id: str | None = None
+    root_id: str | None = None
+    granted_lifetime_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +183,13 @@ class Store(Protocol):
     async def list_keys(self, project: str) -> list[KeyRecord]: ...
 
     async def revoke_key(self, project: str, key_id: str) -> bool:
-        """False when the project has no such key."""
+        """Revoke the key and every key minted from it by refresh, transitively.
+        False when the project has no such key."""
+
+    async def refresh_key(self, key_id: str, expires_in_ms: int | None) -> tuple[KeyRecord, str]:
+        """Mint a successor of the key (same project, role, name, allowlist and
+        quota). Raises Unauthorized when the key is revoked or expired, and
+        ValidationError when the asked lifetime exceeds the chain's grant."""
 
     async def find_key(self, secret: str) -> KeyRecord | None:
         """The key whose secret this is (revoked and expired keys included)."""

@@ -134,6 +134,13 @@ class SqlStore:
     async def revoke_key(self, project: str, key_id: str) -> bool:
         return await self._writer.run(lambda tx: keys.revoke_key(tx, project, key_id))
 
+    async def refresh_key(self, key_id: str, expires_in_ms: int | None) -> tuple[KeyRecord, str]:
+        secret = new_secret()
+        record = await self._writer.run(
+            lambda tx: keys.refresh_key(tx, self._pepper, key_id, expires_in_ms, secret)
+        )
+        return record, secret
+
     async def find_key(self, secret: str) -> KeyRecord | None:
         wanted = hash_secret(secret, self._pepper)
         return await self._read(lambda tx: keys.find_key(tx, wanted))

@@ -210,6 +210,14 @@ ROUTES: tuple[RouteSpec, ...] = (
         responses=((201, schemas.CreatedKey, "Created; the secret is shown only here."),),
     ),
     RouteSpec(
+        "POST", "/v1/keys/refresh", keys.refresh_key, "refreshKey",
+        "Mint a successor of the calling key (any role; the caller's key keeps working)",
+        Role.READER, schemas.RefreshKeyBody, body_optional=True,
+        responses=((201, schemas.CreatedKey,
+                    "The successor; its secret is shown only here. Revoking the calling "
+                    "key (or any key it was refreshed from) revokes it too."),),
+    ),
+    RouteSpec(
         "GET", "/v1/keys", keys.list_keys, "listKeys", "List the project's keys", Role.ADMIN,
         responses=((200, schemas.KeyList, "Keys without secrets."),),
     ),
@@ -220,7 +228,7 @@ ROUTES: tuple[RouteSpec, ...] = (
     ),
     RouteSpec(
         "GET", "/v1/whoami", keys.whoami, "whoAmI", "Who this key is", Role.READER,
-        responses=((200, schemas.WhoAmI, "The key's project, ID and role."),),
+        responses=((200, schemas.WhoAmI, "The key's project, ID, role and expiry."),),
     ),
     RouteSpec(
         "GET", "/livez", system.livez, "getLiveness",
