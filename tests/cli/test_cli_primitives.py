@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from cli_support import assert_clean_failure, fp, fp_json
+from cli_support import assert_clean_failure, cli_env, fp, fp_json
 
-from support import unique_name
+from support import ServerProcess, unique_name
 
 
 def test_fence_check_exit_codes(member_env: dict[str, str]) -> None:
@@ -42,3 +42,20 @@ def test_lock_delay_option(member_env: dict[str, str]) -> None:
     assert_clean_failure(busy, 3)
     assert "lock delay" in busy.stderr
     assert_clean_failure(fp("lock", "acquire", key, "--lock-delay", "61", env=member_env), 2)
+
+
+def test_key_refresh_prints_the_new_secret_alone(server: ServerProcess) -> None:
+    created = server.create_key("reader", expires_in_seconds=3600, name="cli-refresh")
+    env = cli_env(server, created["key"])
+    out = fp("key", "refresh", "-q", env=env)
+    assert out.returncode == 0, out.stderr
+    secret = out.stdout.strip()
+    assert secret and "\n" not in secret and secret != created["key"]
+    me = fp_json("whoami", env=cli_env(server, secret))
+    assert me["role"] == "reader" and me["key_id"] != created["id"]
+    assert me["expires_at"] is not None
+    human = fp("key", "refresh", "--expires-in", "60", env=env)
+    assert human.returncode == 0 and "refreshed: new reader key" in human.stderr
+    too_long = fp("key", "refresh", "--expires-in", "3601", env=env)
+    assert_clean_failure(too_long, 2)
+    assert "expires_in_seconds" in too_long.stderr

@@ -7,6 +7,7 @@ import pytest
 
 import fencepost
 import fencepost.client
+import fencepost.errors
 from fencepost.errors import Forbidden, LockHeld
 from support import ServerProcess, unique_name
 
@@ -69,3 +70,84 @@ async def test_acquire_lock_with_a_lock_delay_async(server: ServerProcess,
             await member.acquire_lock(key, ttl=30)
         assert held.value.reason == "lock_delay"
         assert lease.fencing_token > 0
+
+
+def test_refresh_key_by_hand(server: ServerProcess) -> None:
+    created = server.create_key("reader", expires_in_seconds=3600, name="by-hand")
+    with fencepost.Client(server.base_url, created["key"]) as c:
+        me = c.whoami()
+        assert me.expires_at is not None
+        successor = c.refresh_key(expires_in=60)
+        assert successor.name == "by-hand" and successor.role == "reader"
+        assert successor.id != created["id"]
+    with fencepost.Client(server.base_url, successor.key) as c:
+        assert c.whoami().key_id == successor.id
+
+
+def wait_for(predicate, timeout: float = 15.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "not reached in time"
+        time.sleep(0.1)
+
+
+def test_sync_client_refreshes_its_key_before_it_expires(server: ServerProcess) -> None:
+    created = server.create_key("member", expires_in_seconds=6, name="auto")
+    secrets: list[fencepost.client.CreatedKey] = []
+    key = unique_name("auto")
+    with fencepost.Client(server.base_url, created["key"], on_key_refresh=secrets.append) as c:
+        assert c.whoami().key_id == created["id"]  # learns the expiry; not due yet
+        assert secrets == []
+        # Keep working past the original key's expiry: a refresh happens on the way.
+        def refreshed_and_expired() -> bool:
+            c.get_lock(key)
+            with fencepost.Client(server.base_url, created["key"]) as old:
+                try:
+                    old.whoami()
+                    return False
+                except fencepost.errors.Unauthorized:
+                    return bool(secrets)
+        wait_for(refreshed_and_expired)
+        assert c.whoami().key_id == secrets[-1].id  # the client uses its successor now
+        assert secrets[0].name == "auto" and secrets[0].role == "member"
+
+
+async def test_async_client_refreshes_with_an_async_callback(server: ServerProcess) -> None:
+    import asyncio
+
+    created = server.create_key("reader", expires_in_seconds=3)
+    seen: list[str] = []
+
+    async def store_secret(new: fencepost.client.CreatedKey) -> None:
+        seen.append(new.key)
+
+    async with fencepost.AsyncClient(server.base_url, created["key"],
+                                     on_key_refresh=store_secret) as c:
+        await c.whoami()
+        for _ in range(150):
+            if seen:
+                break
+            await asyncio.sleep(0.1)
+            await c.health()
+        assert seen, "never refreshed"
+        assert (await c.whoami()).key_id != created["id"]
+
+
+def test_a_revoked_key_fails_to_refresh_and_the_client_carries_on(
+    server: ServerProcess, caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level("WARNING", logger="fencepost.client")
+    created = server.create_key("reader", expires_in_seconds=3)
+    calls: list[object] = []
+    with fencepost.Client(server.base_url, created["key"], on_key_refresh=calls.append) as c:
+        c.whoami()
+        with server.client() as admin:
+            assert admin.delete(f"/v1/keys/{created['id']}").status_code == 200
+        import time
+        time.sleep(2.1)  # past the refresh point (two thirds of 3 s)
+        with pytest.raises(fencepost.errors.Unauthorized):
+            c.whoami()  # the refresh was refused too; the call itself is refused
+        assert calls == []
+        assert "refreshing the API key failed" in caplog.text

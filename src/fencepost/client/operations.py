@@ -359,6 +359,19 @@ def revoke_key(key_id: str) -> Op[bool]:
     return _one(Call("DELETE", f"/v1/keys/{id_segment(key_id)}", decode_flag("revoked")))
 
 
+def refresh_key(expires_in: int | None = None) -> Op[CreatedKey]:
+    """Mint a successor of this client's own API key, with its role, name,
+    allowlist and quota, expiring `expires_in` seconds from now (default: this
+    key's own lifetime; never longer than an admin granted the original). This
+    key keeps working until its own expiry; revoking it revokes the successor.
+    The client goes on using its own key: pass the new `key` to a new client,
+    or use `on_key_refresh=` to have the client refresh and swap by itself."""
+    body = None if expires_in is None else {"expires_in_seconds": expires_in}
+    # Not retried: an attempt whose answer was lost may have minted a key, and a
+    # retry would mint another (both die with the chain, but why leave one about).
+    return _one(Call("POST", "/v1/keys/refresh", decode_as(CreatedKey), body=body, retry=False))
+
+
 def whoami() -> Op[WhoAmI]:
     """This key's project, ID and role."""
     return _one(Call("GET", "/v1/whoami", decode_as(WhoAmI)))
