@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import pytest
 
 import fencepost
@@ -85,8 +88,6 @@ def test_refresh_key_by_hand(server: ServerProcess) -> None:
 
 
 def wait_for(predicate, timeout: float = 15.0) -> None:
-    import time
-
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, "not reached in time"
@@ -115,8 +116,6 @@ def test_sync_client_refreshes_its_key_before_it_expires(server: ServerProcess) 
 
 
 async def test_async_client_refreshes_with_an_async_callback(server: ServerProcess) -> None:
-    import asyncio
-
     created = server.create_key("reader", expires_in_seconds=3)
     seen: list[str] = []
 
@@ -145,7 +144,6 @@ def test_a_revoked_key_fails_to_refresh_and_the_client_carries_on(
         c.whoami()
         with server.client() as admin:
             assert admin.delete(f"/v1/keys/{created['id']}").status_code == 200
-        import time
         time.sleep(2.1)  # past the refresh point (two thirds of 3 s)
         with pytest.raises(fencepost.errors.Unauthorized):
             c.whoami()  # the refresh was refused too; the call itself is refused
