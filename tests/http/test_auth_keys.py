@@ -473,15 +473,17 @@ def test_whoami(server: ServerProcess, role: str) -> None:
     created = server.create_key(role)
     resp = whoami(server, created["key"])
     assert resp.status_code == 200, resp.text
-    assert resp.json() == {"project": "default", "key_id": created["id"], "role": role}
+    assert resp.json() == {"project": "default", "key_id": created["id"], "role": role,
+                           "expires_at": None}
 
 
 def test_whoami_bootstrap_admin(server: ServerProcess) -> None:
     resp = whoami(server, server.admin_key)
     assert resp.status_code == 200, resp.text
     body = resp.json()
-    assert set(body) == {"project", "key_id", "role"}
+    assert set(body) == {"project", "key_id", "role", "expires_at"}
     assert body["project"] == "default" and body["role"] == "admin"
+    assert body["expires_at"] is None  # the bootstrap key never expires
     assert isinstance(body["key_id"], str) and body["key_id"]
     assert BOOTSTRAP_KEY not in resp.text
 
