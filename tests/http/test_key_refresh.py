@@ -130,3 +130,16 @@ def test_whoami_shows_the_expiry(server: ServerProcess) -> None:
     assert whoami(server, created["key"]).json()["expires_at"] == created["expires_at"]
     with server.client() as admin:
         assert admin.get("/v1/whoami").json()["expires_at"] is None
+
+
+def test_successors_share_the_quota_of_their_chain(server: ServerProcess) -> None:
+    original = server.create_key("reader", rpm_quota=3)
+    successor = refresh(server, original["key"]).json()  # request 1 of 3
+    assert whoami(server, successor["key"]).status_code == 200  # 2
+    assert whoami(server, successor["key"]).status_code == 200  # 3
+    over = whoami(server, successor["key"])
+    assert over.status_code == 429, over.text
+    assert over.json()["error"]["code"] == "quota_exceeded"
+    assert whoami(server, original["key"]).status_code == 429
+    # A refresh cannot mint a fresh budget either: it is itself over quota.
+    assert refresh(server, original["key"]).status_code == 429

@@ -100,7 +100,10 @@ class Authenticator:
         without a quota cost nothing here."""
         if record.rpm_quota is None:
             return
-        wait_ms = await self._store.admit_request(record.id, record.rpm_quota)
+        # One budget per refresh chain: a key must not multiply its quota by
+        # minting successors (SPEC §5), each of which would start afresh.
+        budget = record.root_id or record.id
+        wait_ms = await self._store.admit_request(budget, record.rpm_quota)
         if wait_ms is not None:
             raise QuotaExceeded(retry_after_ms=wait_ms)
 
