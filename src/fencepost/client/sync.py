@@ -134,8 +134,15 @@ class Client(Methods, SyncRunner):
             self._refreshing.release()
 
     def _use_key(self, secret: str) -> None:
+        # One reference swap: a request being built on another thread reads
+        # either the old settings or the new, never half of each.
         self.settings = dataclasses.replace(self.settings, api_key=secret)
-        self._http.headers["Authorization"] = f"Bearer {secret}"
+
+    def _headers(self, call: Call[Any]) -> dict[str, str]:
+        headers = call.all_headers()
+        if self._key_refresh is not None and self.settings.api_key:
+            headers["Authorization"] = f"Bearer {self.settings.api_key}"  # the latest key
+        return headers
 
     def _send_as_is(self, call: Call[T], retries: Retries | None = None) -> T:
         policy = retries or self.settings.retries
@@ -151,7 +158,7 @@ class Client(Methods, SyncRunner):
         try:
             response = self._http.request(
                 call.method, call.path, json=call.body_at(now), params=call.params,
-                headers=call.all_headers(), timeout=self.settings.timeout_for(call, now),
+                headers=self._headers(call), timeout=self.settings.timeout_for(call, now),
             )
         except httpx.HTTPError as exc:
             raise transport_error(exc, self.url) from exc
