@@ -137,8 +137,12 @@ def test_key_commands_and_whoami(server: ServerProcess, admin_env: dict[str, str
     assert_clean_failure(denied, 6)
 
 
-def test_exit_codes_for_refusals(server: ServerProcess, member_env: dict[str, str]) -> None:
-    assert_clean_failure(fp("lock", "force-release", unique_name(), env=member_env), 6)
+def test_exit_codes_for_refusals(server: ServerProcess, member_env: dict[str, str],
+                                admin_env: dict[str, str]) -> None:
+    # A member may force-release only a lease its own key took: this one is the admin's.
+    admins = unique_name()
+    assert fp("lock", "acquire", admins, "--ttl", "30", env=admin_env).returncode == 0
+    assert_clean_failure(fp("lock", "force-release", admins, env=member_env), 6)
     assert_clean_failure(fp("whoami", env=cli_env(server, "fp_unknown_key_000000000000000000")),
                          6)
     unreachable = fp("whoami", "--timeout", "2", env=cli_env(

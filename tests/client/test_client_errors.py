@@ -110,7 +110,7 @@ def test_real_server_errors_map_to_classes(server: ServerProcess, member_key: st
         with pytest.raises(errors.Forbidden):
             reader.acquire_lock(key, ttl=30)
         with pytest.raises(errors.Forbidden):
-            member.force_release(key)
+            reader.force_release(key)
         with pytest.raises(errors.NotFound):
             fencepost.Client(server.base_url, server.admin_key).revoke_key("key_0000000000000000")
         with pytest.raises(errors.InvalidRequest):

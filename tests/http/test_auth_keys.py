@@ -203,7 +203,8 @@ def test_reader_may_read(server: ServerProcess, role_keys: dict[str, dict[str, A
         assert [lock["key"] for lock in many.json()["locks"]] == [name]
         me = c.get("/v1/whoami")
         assert me.status_code == 200, me.text
-        assert me.json() == {"project": "default", "key_id": reader["id"], "role": "reader"}
+        assert me.json() == {"project": "default", "key_id": reader["id"], "role": "reader",
+                             "expires_at": reader["expires_at"]}
 
 
 @pytest.mark.parametrize("op", ["acquire", "renew", "release", "force_release", "create_key",
@@ -265,7 +266,9 @@ def test_member_can_acquire_renew_release(server: ServerProcess,
 def test_member_is_forbidden_admin_routes(server: ServerProcess,
                                           role_keys: dict[str, dict[str, Any]], op: str) -> None:
     member = role_keys["member"]
-    name, _, grant = held_lock(server, member["key"])
+    # Held by another key (the admin's): a member may force-release only the
+    # leases its own key took (SPEC §3.5).
+    name, _, grant = held_lock(server)
     victim = server.create_key("reader")
     before_keys = len(list_keys(server).json()["keys"])
     with server.client(member["key"]) as c:
@@ -423,7 +426,8 @@ def test_create_key_response_fields(server: ServerProcess) -> None:
     assert abs((created_at - datetime.now(timezone.utc)).total_seconds()) < 60
     assert abs((expires_at - created_at).total_seconds() - 3600) <= 2, (created_at, expires_at)
     me = whoami(server, body["key"]).json()
-    assert me == {"project": "default", "key_id": body["id"], "role": "member"}
+    assert me == {"project": "default", "key_id": body["id"], "role": "member",
+                  "expires_at": body["expires_at"]}
 
 
 def test_create_key_minimal_defaults(server: ServerProcess) -> None:
@@ -469,15 +473,17 @@ def test_whoami(server: ServerProcess, role: str) -> None:
     created = server.create_key(role)
     resp = whoami(server, created["key"])
     assert resp.status_code == 200, resp.text
-    assert resp.json() == {"project": "default", "key_id": created["id"], "role": role}
+    assert resp.json() == {"project": "default", "key_id": created["id"], "role": role,
+                           "expires_at": None}
 
 
 def test_whoami_bootstrap_admin(server: ServerProcess) -> None:
     resp = whoami(server, server.admin_key)
     assert resp.status_code == 200, resp.text
     body = resp.json()
-    assert set(body) == {"project", "key_id", "role"}
+    assert set(body) == {"project", "key_id", "role", "expires_at"}
     assert body["project"] == "default" and body["role"] == "admin"
+    assert body["expires_at"] is None  # the bootstrap key never expires
     assert isinstance(body["key_id"], str) and body["key_id"]
     assert BOOTSTRAP_KEY not in resp.text
 

@@ -110,7 +110,8 @@ def test_whoami_reports_each_project(project_a: Project, project_b: Project) -> 
     assert member["project"] == project_b.name
     with project_b.client(member["key"]) as c:
         assert c.get("/v1/whoami").json() == {"project": project_b.name,
-                                              "key_id": member["id"], "role": "member"}
+                                              "key_id": member["id"], "role": "member",
+                                              "expires_at": None}
 
 
 def test_same_name_is_two_independent_locks(project_a: Project, project_b: Project) -> None:

@@ -318,17 +318,61 @@ def test_force_release_twice_second_is_false(member: httpx.Client, admin: httpx.
     assert again.json()["released"] is False
 
 
-def test_member_and_reader_may_not_force_release(
-    member: httpx.Client, reader: httpx.Client,
+def test_another_member_and_a_reader_may_not_force_release(
+    server: ServerProcess, member: httpx.Client, reader: httpx.Client,
 ) -> None:
     key = unique_name()
     grant = acquire(member, key, new_token(), ttl=60)
     assert grant.status_code == 201
-    error_of(member.delete(f"/v1/locks/{key}"), 403, "forbidden")
+    other_key = str(server.create_key("member", name="not-the-owner")["key"])
+    with server.client(other_key) as other:
+        err = error_of(other.delete(f"/v1/locks/{key}"), 403, "forbidden")
+        assert "fencing_token" not in err
     error_of(reader.delete(f"/v1/locks/{key}"), 403, "forbidden")
     state = member.get(f"/v1/locks/{key}").json()
     assert state["held"] is True
     assert state["fencing_token"] == grant.json()["fencing_token"]
+
+
+def test_a_member_may_not_force_release_an_admins_lease(
+    member: httpx.Client, admin: httpx.Client,
+) -> None:
+    key = unique_name()
+    grant = acquire(admin, key, new_token(), ttl=60)
+    assert grant.status_code == 201
+    error_of(member.delete(f"/v1/locks/{key}"), 403, "forbidden")
+    assert member.get(f"/v1/locks/{key}").json()["fencing_token"] == grant.json()["fencing_token"]
+
+
+def test_the_key_that_took_the_lease_may_force_release_it_without_its_token(
+    server: ServerProcess, member: httpx.Client,
+) -> None:
+    """The owner crashed and lost its lock token: its own API key ends the lease."""
+    key, lost_token = unique_name("owner"), new_token()
+    grant = acquire(member, key, lost_token, ttl=60, operation="nightly")
+    assert grant.status_code == 201
+    resp = member.delete(f"/v1/locks/{key}")
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert body["released"] is True
+    assert body["fencing_token"] == grant.json()["fencing_token"]
+    assert body["operation"] == "nightly"
+    assert member.get(f"/v1/locks/{key}").json()["held"] is False
+    renew = member.patch(f"/v1/locks/{key}/lease", headers=lock_headers(lost_token),
+                         json={"ttl_seconds": 30})
+    assert error_of(renew, 409, "lease_lost")["reason"] == "force_released"
+    # Written to the access log with the key that did it.
+    me = member.get("/v1/whoami").json()["key_id"]
+    assert wait_for(lambda: any(
+        '"lock.force_release"' in line and me in line and key in line
+        for line in server.access_log.read_text().splitlines()
+    ))
+
+
+def test_a_member_force_releasing_a_free_lock_gets_200_false(member: httpx.Client) -> None:
+    resp = member.delete(f"/v1/locks/{unique_name()}")
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["released"] is False
 
 
 def test_displaced_holder_is_told_force_released(member: httpx.Client, admin: httpx.Client) -> None:

@@ -120,7 +120,7 @@ def test_request_bodies_refuse_unknown_fields_and_state_their_bounds(doc: dict[s
                                          ["schema"])
               for _, _, op in operations(doc) if "requestBody" in op}
     assert set(bodies) == {"acquireLock", "renewLease", "putPool", "acquireSlot", "renewSlot",
-                           "releaseSlot", "createKey"}
+                           "releaseSlot", "createKey", "refreshKey"}
     for operation_id, schema in bodies.items():
         assert schema["type"] == "object" and schema["additionalProperties"] is False, \
             operation_id
@@ -132,7 +132,9 @@ def test_request_bodies_refuse_unknown_fields_and_state_their_bounds(doc: dict[s
     assert bodies["acquireLock"]["properties"]["on_expiry"]["enum"] == ["keep", "release"]
     limit = bodies["putPool"]["properties"]["limit"]
     assert (limit["type"], limit["minimum"], limit["maximum"]) == ("integer", 1, 10000)
-    for operation_id in ("acquireSlot", "renewSlot", "releaseSlot"):
+    delay = bodies["acquireLock"]["properties"]["lock_delay_seconds"]
+    assert (delay["type"], delay["minimum"], delay["maximum"]) == ("integer", 0, 60)
+    for operation_id in ("acquireSlot", "renewSlot", "releaseSlot", "refreshKey"):
         assert operation(doc, operation_id)["requestBody"]["required"] is False
 
 

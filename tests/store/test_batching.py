@@ -12,11 +12,12 @@ import pytest
 from fencepost.core.leases import AcquireRequest, Granted
 from fencepost.core.slots import PoolConfig
 from fencepost.errors import LeaseExpired, LeaseLost, StoreUnavailable
-from fencepost.store.base import Freed, lock_freed
+from fencepost.store.base import ForceReleaser, Freed, lock_freed
 
 from .conftest import reopen
 
 P = "default"
+ADMIN = ForceReleaser("key_admin", is_admin=True)
 
 
 def token() -> str:
@@ -169,7 +170,7 @@ async def test_renewals_follow_changes_made_by_another_writer(store, clock):
         assert info.value.extra["reason"] == "released"
         b = token()
         await grant(other, "k", b)
-        await store.force_release(P, "k")
+        await store.force_release(P, "k", ADMIN)
         with pytest.raises(LeaseLost) as info:
             await other.renew_lock(P, "k", b, 20)
         assert info.value.extra["reason"] == "force_released"

@@ -10,11 +10,12 @@ import pytest
 from fencepost.core.keys import Role
 from fencepost.core.leases import AcquireRequest, Busy, Granted, OnExpiry
 from fencepost.errors import Conflict, LeaseExpired, LeaseLost
-from fencepost.store.base import Freed, NewKey, lock_freed
+from fencepost.store.base import ForceReleaser, Freed, NewKey, lock_freed
 
 from .conftest import reopen
 
 P = "default"
+ADMIN = ForceReleaser("key_admin", is_admin=True)
 
 
 def token() -> str:
@@ -107,9 +108,9 @@ async def test_force_release(store, clock):
     a = token()
     lease = await grant(store, tok=a, operation="deploy")
     clock.advance(1_234)
-    result = await store.force_release(P, "k")
+    result = await store.force_release(P, "k", ADMIN)
     assert result.lease == lease and result.now_ms - lease.acquired_ms == 1_234
-    assert (await store.force_release(P, "k")).lease is None
+    assert (await store.force_release(P, "k", ADMIN)).lease is None
     with pytest.raises(LeaseLost) as info:
         await store.renew_lock(P, "k", a, 30)
     assert info.value.extra["reason"] == "force_released"

@@ -11,7 +11,7 @@ from fencepost.cli.render import relative, table
 
 @click.group()
 def key() -> None:
-    """Create, list and revoke API keys of your project (admin)."""
+    """Create, list and revoke API keys of your project (admin), or refresh your own."""
 
 
 @key.command("create")
@@ -47,6 +47,32 @@ async def create(ctx: Ctx, role: str, name: str | None, expires_in: int | None,
     click.echo(created.key)
 
 
+@key.command("refresh")
+@click.option("--expires-in", type=click.IntRange(1, 315_360_000), default=None,
+              metavar="SECONDS",
+              help="The new key's lifetime (default: the current key's own; never longer "
+                   "than an admin granted the original).")
+@quiet_option("the secret, and no remark on stderr")
+@connection_options
+@api_command
+async def refresh(ctx: Ctx, expires_in: int | None, quiet: bool) -> None:
+    """Mint a successor of the API key in use (any role) and print its secret
+    alone on stdout (shown only once), so that
+    `FENCEPOST_API_KEY=$(fencepost key refresh -q)` swaps keys. The current key
+    keeps working until its own expiry; revoking it revokes the successor too."""
+    check_output_mode(ctx, quiet)
+    async with ctx.client() as client:
+        created = await client.refresh_key(expires_in)
+    if ctx.as_json:
+        ctx.emit(created.to_dict(), "")
+        return
+    if not quiet:
+        expiry = f", expires {relative(created.expires_at)}" if created.expires_at else ""
+        ctx.note(f"refreshed: new {created.role} key {created.id}{expiry}; "
+                 "its secret (shown once):")
+    click.echo(created.key)
+
+
 @key.command("list")
 @connection_options
 @api_command
@@ -78,7 +104,8 @@ async def revoke(ctx: Ctx, key_id: str) -> None:
 @connection_options
 @api_command
 async def whoami(ctx: Ctx) -> None:
-    """Show the project, key ID and role of your API key."""
+    """Show the project, key ID, role and expiry of your API key."""
     async with ctx.client() as client:
         me = await client.whoami()
-    ctx.emit(me.to_dict(), f"key {me.key_id} ({me.role}) in project {me.project}")
+    expiry = f", expires {relative(me.expires_at)}" if me.expires_at else ""
+    ctx.emit(me.to_dict(), f"key {me.key_id} ({me.role}) in project {me.project}{expiry}")

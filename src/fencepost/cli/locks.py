@@ -1,4 +1,4 @@
-"""`fencepost lock ...`: acquire, renew, release, show, list, force-release."""
+"""`fencepost lock ...`: acquire, renew, release, show, list, force-release, fence-check."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from fencepost.cli.common import Ctx, api_command, connection_options, follow_pages
+from fencepost.cli.exitcodes import ExitCode
 from fencepost.cli.params import JSON_OBJECT, NAME, UUID
 from fencepost.cli.progress import ProgressLine, lock_waiting, while_waiting
 from fencepost.cli.quiet import check_output_mode, emit_created, quiet_option
@@ -45,14 +46,18 @@ def lock() -> None:
 @click.option("--metadata", type=JSON_OBJECT, default=None, help="JSON object of holder details.")
 @click.option("--on-expiry", type=click.Choice(["release", "keep"]), default="release",
               show_default=True, help="keep: stay held (overdue) past the TTL.")
+@click.option("--lock-delay", type=click.IntRange(0, 60), default=0, show_default=True,
+              metavar="SECONDS",
+              help="If the lease ends by expiry or force release, nobody gets the lock "
+                   "for this long (0..60).")
 @click.option("--token", type=UUID, default=None,
               help="Lock token to use (default: a new one). Reusing it makes retries safe.")
 @quiet_option("the lock token")
 @connection_options
 @api_command
 async def acquire(ctx: Ctx, key: str, ttl: int, wait: float, operation: str | None,
-                  metadata: dict[str, Any] | None, on_expiry: str, token: str | None,
-                  quiet: bool) -> None:
+                  metadata: dict[str, Any] | None, on_expiry: str, lock_delay: int,
+                  token: str | None, quiet: bool) -> None:
     """Acquire lock KEY and print its lock token and fencing token.
 
     The lease is not renewed after this command exits: renew it with
@@ -65,7 +70,7 @@ async def acquire(ctx: Ctx, key: str, ttl: int, wait: float, operation: str | No
     async with ctx.client() as client:
         work = client.acquire_lock(key, ttl=ttl, wait=wait, operation=operation,
                                    metadata=metadata, on_expiry=on_expiry,  # type: ignore[arg-type]
-                                   token=token)
+                                   lock_delay=lock_delay, token=token)
         lease = await while_waiting(work, lock_waiting(client, key), ProgressLine())
     emit_created(ctx, quiet, lease.lock_token, lease.to_dict(), lambda: "\n".join([
         f"acquired lock {lease.key}: fencing token {lease.fencing_token}, "
@@ -177,7 +182,8 @@ async def list_(ctx: Ctx, prefix: str | None, limit: int) -> None:
 @connection_options
 @api_command
 async def force_release(ctx: Ctx, key: str) -> None:
-    """Release lock KEY whoever holds it (admin). Its holder's next renewal fails."""
+    """Release lock KEY without its lock token: an admin may end any lease, a
+    member one its own API key took. Its holder's next renewal fails."""
     async with ctx.client() as client:
         result = await client.force_release(key)
 
@@ -189,3 +195,27 @@ async def force_release(ctx: Ctx, key: str) -> None:
                 f"operation {result.operation or '-'}, held for {age})")
 
     ctx.emit(result.to_dict(), human)
+
+
+@lock.command("fence-check")
+@click.argument("key", type=NAME)
+@click.argument("token", type=click.IntRange(0, 2**53 - 1))
+@connection_options
+@api_command
+async def fence_check(ctx: Ctx, key: str, token: int) -> int:
+    """Check whether fencing token TOKEN is the one of lock KEY's live lease.
+
+    Exit code 0 when it is current, 4 when it is stale (the output says why:
+    expired, released, force_released, superseded or unknown).
+    """
+    async with ctx.client() as client:
+        result = await client.fence_check(key, token)
+
+    def human() -> str:
+        if result.current:
+            return f"fencing token {token} is current for lock {key}"
+        live = f"; the live token is {result.live_token}" if result.live_token else ""
+        return f"fencing token {token} is stale for lock {key} ({result.reason}){live}"
+
+    ctx.emit(result.to_dict(), human)
+    return int(ExitCode.OK if result.current else ExitCode.LOST)

@@ -17,6 +17,7 @@ from fencepost.client.keeper import Loss
 from fencepost.client.methods import METHOD_NAMES, Methods
 from fencepost.client.models import (
     CreatedKey,
+    FenceCheck,
     ForceRelease,
     Health,
     KeyHolder,
@@ -47,6 +48,7 @@ __all__ = [
     "AsyncSlotHold",
     "Client",
     "CreatedKey",
+    "FenceCheck",
     "ForceRelease",
     "Health",
     "KeyHolder",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -14,6 +15,7 @@ from tenacity import AsyncRetrying
 
 from fencepost.client.holding import Holding, LockFacts, SlotFacts, log, report_failure
 from fencepost.client.keeper import Terms, keep_alive
+from fencepost.client.key_refresh import KeyRefresh, OnKeyRefresh, refresh_if_due
 from fencepost.client.methods import AsyncRunner, Methods
 from fencepost.client.models import OnExpiry
 from fencepost.client.operations import Op
@@ -61,8 +63,12 @@ class AsyncClient(Methods, AsyncRunner):
     failures, 5xx and quota refusals are retried. `transport` is passed to httpx
     (for proxies, custom TLS, or tests). `ca_bundle` (or `FENCEPOST_CA_BUNDLE`)
     is a PEM file of the authorities to trust for an https:// server whose
-    certificate the system does not trust (a private CA). Use it with
-    `async with` or call `aclose()`.
+    certificate the system does not trust (a private CA).
+    `on_key_refresh` opts in to refreshing the API key before it expires: once
+    two thirds of its life have passed, the client mints a successor
+    (`POST /v1/keys/refresh`), uses it from then on, and calls
+    `on_key_refresh(created)` (it may be async) so that you can store
+    `created.key`, the new secret. Use it with `async with` or call `aclose()`.
 
     Every API call is a coroutine method (`acquire_lock`, `get_lock`, `set_pool`,
     `create_key`, ...; see `fencepost.client.Methods`); `lock()` and `slot()` are
@@ -78,9 +84,13 @@ class AsyncClient(Methods, AsyncRunner):
         retries: Retries | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         ca_bundle: str | None = None,
+        on_key_refresh: OnKeyRefresh | None = None,
     ) -> None:
         self.settings = Settings.resolve(url, api_key, timeout, retries, ca_bundle=ca_bundle)
         self._http = httpx.AsyncClient(transport=transport, **self.settings.client_options())
+        self._on_key_refresh = on_key_refresh
+        self._key_refresh = KeyRefresh() if on_key_refresh is not None else None
+        self._refreshing = asyncio.Lock()
 
     @property
     def url(self) -> str:
@@ -103,6 +113,43 @@ class AsyncClient(Methods, AsyncRunner):
         return await drive(program, lambda call: self._send(call, retries))  # type: ignore[return-value]
 
     async def _send(self, call: Call[T], retries: Retries | None = None) -> T:
+        if self._key_refresh is not None and self._key_refresh.is_due() \
+                and not self._refreshing.locked():
+            await self._refresh_key_now()
+        return await self._send_as_is(call, retries)
+
+    async def _refresh_key_now(self) -> None:
+        """Mint and swap in a successor of the key (see `key_refresh.py`); a
+        failure is logged and retried later, the current key still works."""
+        assert self._key_refresh is not None and self._on_key_refresh is not None
+        async with self._refreshing:
+            if not self._key_refresh.is_due():
+                return  # another task refreshed meanwhile
+            try:
+                created = await drive(refresh_if_due(self._key_refresh), self._send_as_is)
+            except FencepostError as error:
+                self._key_refresh.failed()
+                log.warning("fencepost: refreshing the API key failed: %s", error)
+                return
+            if created is None:
+                return
+            self._use_key(created.key)
+            outcome = self._on_key_refresh(created)
+            if inspect.isawaitable(outcome):
+                await outcome
+
+    def _use_key(self, secret: str) -> None:
+        # One reference swap: a request being built on another thread reads
+        # either the old settings or the new, never half of each.
+        self.settings = dataclasses.replace(self.settings, api_key=secret)
+
+    def _headers(self, call: Call[Any]) -> dict[str, str]:
+        headers = call.all_headers()
+        if self._key_refresh is not None and self.settings.api_key:
+            headers["Authorization"] = f"Bearer {self.settings.api_key}"  # the latest key
+        return headers
+
+    async def _send_as_is(self, call: Call[T], retries: Retries | None = None) -> T:
         policy = retries or self.settings.retries
         if not call.retry or policy.attempts <= 1:
             return await self._attempt(call)
@@ -115,7 +162,7 @@ class AsyncClient(Methods, AsyncRunner):
         try:
             response = await self._http.request(
                 call.method, call.path, json=call.body_at(now), params=call.params,
-                headers=call.all_headers(), timeout=self.settings.timeout_for(call, now),
+                headers=self._headers(call), timeout=self.settings.timeout_for(call, now),
             )
         except httpx.HTTPError as exc:
             raise transport_error(exc, self.url) from exc
@@ -132,6 +179,7 @@ class AsyncClient(Methods, AsyncRunner):
         operation: str | None = None,
         metadata: Mapping[str, Any] | None = None,
         on_expiry: OnExpiry = "release",
+        lock_delay: int = 0,
         renew_every: float | None = None,
         on_lost: Callable[[AsyncLockHold], Any] | None = None,
         cancel_on_loss: bool = False,
@@ -151,11 +199,15 @@ class AsyncClient(Methods, AsyncRunner):
         True, `lost_event` is set, `on_lost(hold)` is called (it may be async),
         and with `cancel_on_loss=True` the block is cancelled and `LeaseLost` is
         raised from it. A block that ends normally after its lease was lost
-        raises `LeaseLost` on exit unless `raise_on_loss=False`.
+        raises `LeaseLost` on exit unless `raise_on_loss=False`. With
+        `lock_delay` (0..60 s), if the lease ends by expiry or force release
+        nobody gets the lock for that long, so this holder's writes in flight
+        land before the next holder starts.
         """
         return AsyncLockHold(
             self, key, ttl=ttl, wait=wait, operation=operation, metadata=metadata,
-            on_expiry=on_expiry, renew_every=renew_every, token=token, on_lost=on_lost,
+            on_expiry=on_expiry, lock_delay=lock_delay, renew_every=renew_every, token=token,
+            on_lost=on_lost,
             raise_on_loss=raise_on_loss, cancel_on_loss=cancel_on_loss,
         )
 

@@ -108,6 +108,7 @@ class LockFacts(Holding):
         operation: str | None,
         metadata: Mapping[str, Any] | None,
         on_expiry: OnExpiry,
+        lock_delay: int,
         renew_every: float | None,
         token: str | None,
         on_lost: Callable[[Any], Any] | None,
@@ -121,6 +122,7 @@ class LockFacts(Holding):
         self._operation = operation
         self._metadata = metadata
         self._on_expiry: OnExpiry = on_expiry
+        self._lock_delay = lock_delay
         self._renew_every = renew_every
         self._terms: LockTerms | None = None
 
@@ -152,7 +154,8 @@ class LockFacts(Holding):
     def _acquire_op(self) -> Op[Lease]:
         return acquire_lock(
             self.key, ttl=self._ttl, wait=self._wait, operation=self._operation,
-            metadata=self._metadata, on_expiry=self._on_expiry, token=self.token,
+            metadata=self._metadata, on_expiry=self._on_expiry, lock_delay=self._lock_delay,
+            token=self.token,
         )
 
     def _make_terms(self, lease: Lease, sent: float, answered: float) -> LockTerms:

@@ -97,6 +97,7 @@ class Methods:
     get_lock = operation(ops.get_lock)
     list_locks = operation(ops.list_locks)
     force_release = operation(ops.force_release)
+    fence_check = operation(ops.fence_check)
     # pools
     set_pool = operation(ops.set_pool)
     get_pool = operation(ops.get_pool)
@@ -110,6 +111,7 @@ class Methods:
     create_key = operation(ops.create_key)
     list_keys = operation(ops.list_keys)
     revoke_key = operation(ops.revoke_key)
+    refresh_key = operation(ops.refresh_key)
     whoami = operation(ops.whoami)
     health = operation(ops.health)
 

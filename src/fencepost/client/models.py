@@ -128,6 +128,19 @@ class ForceRelease(Model, frozen=True, kw_only=True):
     message: str | None = None
 
 
+class FenceCheck(Model, frozen=True, kw_only=True):
+    """The answer to a fence check (SPEC §3.8). `current` is True exactly when
+    `token` is the fencing token of the lock's live lease; otherwise `reason`
+    says why it is stale (`expired`, `released`, `force_released`,
+    `superseded`, `unknown`)."""
+
+    key: str
+    token: int
+    current: bool
+    live_token: int | None = None
+    reason: str | None = None
+
+
 class PoolInfo(Model, frozen=True, kw_only=True):
     """A pool's configuration plus its live state (SPEC §4.1)."""
 
@@ -222,11 +235,12 @@ class CreatedKey(Model, frozen=True, kw_only=True):
 
 
 class WhoAmI(Model, frozen=True, kw_only=True):
-    """The calling key's project, ID and role."""
+    """The calling key's project, ID, role and expiry (None: it never expires)."""
 
     project: str
     key_id: str
     role: Role
+    expires_at: datetime | None = None
 
 
 class Health(Model, frozen=True, kw_only=True):

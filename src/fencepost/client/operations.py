@@ -18,6 +18,7 @@ import msgspec
 
 from fencepost.client.models import (
     CreatedKey,
+    FenceCheck,
     ForceRelease,
     Health,
     KeyInfo,
@@ -86,6 +87,7 @@ def acquire_call(
     operation: str | None = None,
     metadata: Mapping[str, Any] | None = None,
     on_expiry: OnExpiry = "release",
+    lock_delay: int = 0,
     retry: bool = True,
 ) -> Call[Lease]:
     """The acquire request for one lock token; waits until `wait_until` (monotonic)."""
@@ -96,6 +98,8 @@ def acquire_call(
         body["metadata"] = dict(metadata)
     if on_expiry != "release":
         body["on_expiry"] = on_expiry
+    if lock_delay:
+        body["lock_delay_seconds"] = lock_delay
 
     def decode(reply: Reply) -> Lease:
         lease = parse_body(reply, Lease)
@@ -117,14 +121,16 @@ def acquire_lock(
     operation: str | None = None,
     metadata: Mapping[str, Any] | None = None,
     on_expiry: OnExpiry = "release",
+    lock_delay: int = 0,
     token: str | None = None,
 ) -> Op[Lease]:
     """Acquire lock `key` for `ttl` seconds, waiting in line up to `wait` seconds
     (0 fails fast with `LockHeld`). Returns the `Lease`, whose `lock_token` you
-    keep to renew and release. A retried request reuses the same lock token, so a
-    lost answer never creates a second lease. Waits over 300 s (the server's
-    longest) are made of consecutive waits. You usually want `lock()` instead:
-    it renews and releases for you."""
+    keep to renew and release. `lock_delay` (0..60 s): if this lease ends by
+    expiry or force release, nobody gets the lock for that long. A retried
+    request reuses the same lock token, so a lost answer never creates a second
+    lease. Waits over 300 s (the server's longest) are made of consecutive
+    waits. You usually want `lock()` instead: it renews and releases for you."""
     token = token or new_token()
     deadline = time.monotonic() + wait if wait > 0 else None
     while True:
@@ -133,7 +139,7 @@ def acquire_lock(
             chunk_end = min(deadline, time.monotonic() + MAX_LOCK_WAIT_S)
         call = acquire_call(
             key, token, ttl=ttl, wait_until=chunk_end, operation=operation,
-            metadata=metadata, on_expiry=on_expiry,
+            metadata=metadata, on_expiry=on_expiry, lock_delay=lock_delay,
         )
         try:
             lease: Lease = yield call
@@ -186,10 +192,20 @@ def list_locks(
 
 
 def force_release(key: str) -> Op[ForceRelease]:
-    """Force-release lock `key` whatever holds it (admin). Always succeeds;
-    afterwards no lease is live and the displaced holder's next renewal fails."""
+    """Force-release lock `key` without its lock token: an admin may end any
+    lease, a member one its own API key took (else `Forbidden`). Afterwards no
+    lease is live and the displaced holder's next renewal fails."""
     return _one(Call("DELETE", f"/v1/locks/{name_segment(key, 'key')}",
                      decode_as(ForceRelease)))
+
+
+def fence_check(key: str, token: int) -> Op[FenceCheck]:
+    """Whether `token` is the fencing token of lock `key`'s live lease, for a
+    resource that cannot keep the highest token itself (SPEC §3.8)."""
+    if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+        raise ValueError("token must be a non-negative integer (a fencing token)")
+    return _one(Call("GET", f"/v1/locks/{name_segment(key, 'key')}/fence",
+                     decode_as(FenceCheck), params={"token": str(token)}))
 
 
 # --- pools (SPEC §4) -----------------------------------------------------------
@@ -353,6 +369,19 @@ def revoke_key(key_id: str) -> Op[bool]:
     """Revoke key `key_id` (admin); refused everywhere within 2 s. Raises `NotFound`
     for an unknown ID."""
     return _one(Call("DELETE", f"/v1/keys/{id_segment(key_id)}", decode_flag("revoked")))
+
+
+def refresh_key(expires_in: int | None = None) -> Op[CreatedKey]:
+    """Mint a successor of this client's own API key, with its role, name,
+    allowlist and quota, expiring `expires_in` seconds from now (default: this
+    key's own lifetime; never longer than an admin granted the original). This
+    key keeps working until its own expiry; revoking it revokes the successor.
+    The client goes on using its own key: pass the new `key` to a new client,
+    or use `on_key_refresh=` to have the client refresh and swap by itself."""
+    body = None if expires_in is None else {"expires_in_seconds": expires_in}
+    # Not retried: an attempt whose answer was lost may have minted a key, and a
+    # retry would mint another (both die with the chain, but why leave one about).
+    return _one(Call("POST", "/v1/keys/refresh", decode_as(CreatedKey), body=body, retry=False))
 
 
 def whoami() -> Op[WhoAmI]:

@@ -6,6 +6,7 @@ It runs the same programs as `AsyncClient` (see `methods.py`, `operations.py`,
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -17,6 +18,7 @@ from tenacity import Retrying
 
 from fencepost.client.holding import Holding, LockFacts, SlotFacts, log, report_failure
 from fencepost.client.keeper import Terms, keep_alive
+from fencepost.client.key_refresh import KeyRefresh, OnKeyRefresh, refresh_if_due
 from fencepost.client.methods import Methods, SyncRunner
 from fencepost.client.models import OnExpiry
 from fencepost.client.operations import Op
@@ -76,9 +78,13 @@ class Client(Methods, SyncRunner):
         retries: Retries | None = None,
         transport: httpx.BaseTransport | None = None,
         ca_bundle: str | None = None,
+        on_key_refresh: OnKeyRefresh | None = None,
     ) -> None:
         self.settings = Settings.resolve(url, api_key, timeout, retries, ca_bundle=ca_bundle)
         self._http = httpx.Client(transport=transport, **self.settings.client_options())
+        self._on_key_refresh = on_key_refresh
+        self._key_refresh = KeyRefresh() if on_key_refresh is not None else None
+        self._refreshing = threading.Lock()
 
     @property
     def url(self) -> str:
@@ -101,6 +107,44 @@ class Client(Methods, SyncRunner):
         return drive(program, lambda call: self._send(call, retries))  # type: ignore[return-value]
 
     def _send(self, call: Call[T], retries: Retries | None = None) -> T:
+        if self._key_refresh is not None and self._key_refresh.is_due():
+            self._refresh_key_now()
+        return self._send_as_is(call, retries)
+
+    def _refresh_key_now(self) -> None:
+        """Mint and swap in a successor of the key (see `key_refresh.py`); a
+        failure is logged and retried later, the current key still works."""
+        assert self._key_refresh is not None and self._on_key_refresh is not None
+        if not self._refreshing.acquire(blocking=False):
+            return  # another thread is at it; this request goes with the current key
+        try:
+            if not self._key_refresh.is_due():
+                return
+            try:
+                created = drive(refresh_if_due(self._key_refresh), self._send_as_is)
+            except FencepostError as error:
+                self._key_refresh.failed()
+                log.warning("fencepost: refreshing the API key failed: %s", error)
+                return
+            if created is None:
+                return
+            self._use_key(created.key)
+            self._on_key_refresh(created)
+        finally:
+            self._refreshing.release()
+
+    def _use_key(self, secret: str) -> None:
+        # One reference swap: a request being built on another thread reads
+        # either the old settings or the new, never half of each.
+        self.settings = dataclasses.replace(self.settings, api_key=secret)
+
+    def _headers(self, call: Call[Any]) -> dict[str, str]:
+        headers = call.all_headers()
+        if self._key_refresh is not None and self.settings.api_key:
+            headers["Authorization"] = f"Bearer {self.settings.api_key}"  # the latest key
+        return headers
+
+    def _send_as_is(self, call: Call[T], retries: Retries | None = None) -> T:
         policy = retries or self.settings.retries
         if not call.retry or policy.attempts <= 1:
             return self._attempt(call)
@@ -114,7 +158,7 @@ class Client(Methods, SyncRunner):
         try:
             response = self._http.request(
                 call.method, call.path, json=call.body_at(now), params=call.params,
-                headers=call.all_headers(), timeout=self.settings.timeout_for(call, now),
+                headers=self._headers(call), timeout=self.settings.timeout_for(call, now),
             )
         except httpx.HTTPError as exc:
             raise transport_error(exc, self.url) from exc
@@ -131,6 +175,7 @@ class Client(Methods, SyncRunner):
         operation: str | None = None,
         metadata: Mapping[str, Any] | None = None,
         on_expiry: OnExpiry = "release",
+        lock_delay: int = 0,
         renew_every: float | None = None,
         on_lost: Callable[[LockHold], Any] | None = None,
         raise_on_loss: bool = True,
@@ -147,7 +192,8 @@ class Client(Methods, SyncRunner):
         See `AsyncClient.lock` for the rest."""
         return LockHold(
             self, key, ttl=ttl, wait=wait, operation=operation, metadata=metadata,
-            on_expiry=on_expiry, renew_every=renew_every, token=token, on_lost=on_lost,
+            on_expiry=on_expiry, lock_delay=lock_delay, renew_every=renew_every, token=token,
+            on_lost=on_lost,
             raise_on_loss=raise_on_loss,
         )
 

@@ -72,3 +72,32 @@ def ip_allowed(client_ip: str | None, networks: list[Network]) -> bool:
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped
     return any(address in net for net in networks)
+
+
+def granted_lifetime_ms(
+    recorded_ms: int | None, created_ms: int, expires_ms: int | None
+) -> int | None:
+    """The lifetime an admin granted a key's chain (None: no expiry). Keys
+    created before grants were recorded count their own lifetime."""
+    if recorded_ms is not None:
+        return recorded_ms
+    return None if expires_ms is None else expires_ms - created_ms
+
+
+def successor_lifetime_ms(
+    requested_ms: int | None, own_lifetime_ms: int | None, granted_ms: int | None
+) -> int | None:
+    """How long a refreshed key lives (None: no expiry): what was asked, else
+    the caller's own lifetime. Raises ValueError when that is longer than an
+    admin granted the chain's original key, so a key can never extend itself."""
+    lifetime = requested_ms if requested_ms is not None else own_lifetime_ms
+    if granted_ms is None:
+        return lifetime
+    if lifetime is None:
+        return granted_ms
+    if lifetime > granted_ms:
+        raise ValueError(
+            f"must be at most {granted_ms // 1000} seconds, the lifetime an admin "
+            "granted the original key"
+        )
+    return lifetime

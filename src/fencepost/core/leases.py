@@ -20,6 +20,11 @@ LEASE_LIFETIME_MS = 90 * MS_PER_DAY
 # Renewals must arrive more than this long before expires_at. The margin absorbs
 # clock skew between replicas and the client so an expired lease is never resurrected.
 RENEW_MARGIN_MS = 1000
+# Lock delay (SPEC §3.9): after a lease ends by expiry or force release, nobody
+# is granted the lock for up to this long, so a paused holder's writes in
+# flight land before the next holder starts.
+LOCK_DELAY_MAX_SECONDS = 60
+LOCK_DELAY_REASON = "lock_delay"
 
 
 class OnExpiry(StrEnum):
@@ -45,7 +50,12 @@ class Lease:
     operation: str | None
     metadata_json: str | None
     on_expiry: OnExpiry
-    key_id: str | None = None  # the API key that took it (shown, never the lock token)
+    # The API key that took the lease (None for leases taken before keys were
+    # recorded): shown as the holder (never the lock token), and its owner may
+    # force-release it (SPEC §3.5).
+    key_id: str | None = None
+    # Applied when the lease ends by expiry or force release (SPEC §3.9).
+    lock_delay_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +67,7 @@ class AcquireRequest:
     on_expiry: OnExpiry = OnExpiry.RELEASE
     key_id: str | None = None  # the caller's API key
     wait_ms: int = 0  # how long the caller will wait in line; 0 fails fast
+    lock_delay_seconds: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,12 +78,22 @@ class Granted:
 
 @dataclass(frozen=True, slots=True)
 class Busy:
-    holder: Lease | None  # None: free, but others are waiting in line ahead
+    holder: Lease | None  # None: free, but in its lock delay or others wait ahead
     now_ms: int
     waiters: int = 0
+    delay_until_ms: int | None = None  # set when refused because of a lock delay
 
     def to_error(self) -> LockHeld:
+        if self.delay_until_ms is not None:
+            return lock_delay_error(self.delay_until_ms, self.now_ms, self.waiters)
         return lock_held_error(self.holder, self.now_ms, self.waiters)
+
+    @property
+    def ends_in_ms(self) -> int | None:
+        """How long until the refusal ends by itself, where that is known."""
+        if self.delay_until_ms is not None:
+            return max(self.delay_until_ms - self.now_ms, 0)
+        return None
 
 
 def is_live(lease: Lease, now_ms: int) -> bool:
@@ -104,7 +125,21 @@ def new_lease(key: str, request: AcquireRequest, now_ms: int, fencing_token: int
         metadata_json=request.metadata_json,
         on_expiry=request.on_expiry,
         key_id=request.key_id,
+        lock_delay_ms=request.lock_delay_seconds * MS_PER_SECOND,
     )
+
+
+def delay_until_ms(lease: Lease, reason: EndReason, now_ms: int) -> int | None:
+    """Until when nobody may be granted the lock after `lease` ended for `reason`
+    (None: no delay). Measured from the end itself: the expiry instant for an
+    expired lease (however late it is noticed), the force release's instant."""
+    if lease.lock_delay_ms <= 0:
+        return None
+    if reason is EndReason.EXPIRED:
+        return end_of_life_ms(lease) + lease.lock_delay_ms
+    if reason is EndReason.FORCE_RELEASED:
+        return now_ms + lease.lock_delay_ms
+    return None  # the holder's own release: it knows its writes have landed
 
 
 def decide_acquire(
@@ -115,18 +150,28 @@ def decide_acquire(
     *,
     waiters_ahead: int,
     next_fencing_token: Callable[[], int],
+    delayed_until_ms: int | None = None,
 ) -> Granted | Busy:
     """Grant, repeat an existing grant, or refuse.
 
     `waiters_ahead` counts live waiters queued before this caller (all of them
     for a fail-fast acquire): a free lock goes to the head of the line first.
-    `next_fencing_token` is only called when a new lease is granted, so the
-    counter moves exactly when the lock changes hands.
+    `delayed_until_ms` is the end of a lock delay recorded for the lock; a dead
+    lease still on record starts its own. `next_fencing_token` is only called
+    when a new lease is granted, so the counter moves exactly when the lock
+    changes hands.
     """
     if current is not None and is_live(current, now_ms):
         if current.lock_token == request.lock_token:
             return Granted(current, created=False)
         return Busy(current, now_ms, waiters_ahead)
+    blocked_until = delayed_until_ms
+    if current is not None:  # dead, not yet reaped: it expired
+        own = delay_until_ms(current, EndReason.EXPIRED, now_ms)
+        if own is not None and (blocked_until is None or own > blocked_until):
+            blocked_until = own
+    if blocked_until is not None and now_ms < blocked_until:
+        return Busy(None, now_ms, waiters_ahead, delay_until_ms=blocked_until)
     if waiters_ahead > 0:
         return Busy(None, now_ms, waiters_ahead)
     return Granted(new_lease(key, request, now_ms, next_fencing_token()), created=True)
@@ -151,6 +196,19 @@ def lock_held_error(holder: Lease | None, now_ms: int, waiters: int = 0) -> Lock
         expires_in_ms=expires_in_ms,
         waiters=waiters,
         retry_after_ms=retry_after,
+    )
+
+
+def lock_delay_error(until_ms: int, now_ms: int, waiters: int = 0) -> LockHeld:
+    wait_ms = max(until_ms - now_ms, 0)
+    return LockHeld(
+        "The lock is in its lock delay after its last holder was lost; "
+        f"nobody is granted it for {wait_ms} ms.",
+        operation=None,
+        expires_in_ms=0,
+        waiters=waiters,
+        reason=LOCK_DELAY_REASON,
+        retry_after_ms=wait_ms,
     )
 
 
@@ -197,3 +255,51 @@ def decide_renew(
 def holds(current: Lease | None, lock_token: str, now_ms: int) -> bool:
     """True when `lock_token` holds a live lease (release succeeds exactly then)."""
     return current is not None and current.lock_token == lock_token and is_live(current, now_ms)
+
+
+# A fence check's reason when the server has no record of the token on this
+# lock (never issued for it, or ended longer ago than the server remembers).
+FENCE_UNKNOWN = "unknown"
+# Fencing tokens stay below 2^53 (SPEC §1): a larger number was never issued.
+MAX_FENCING_TOKEN = 2**53 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class FenceVerdict:
+    """The answer to "is token N the fencing token of this lock's live lease?"."""
+
+    token: int
+    current: bool
+    live_token: int | None
+    reason: str | None  # None exactly when current
+
+
+def judge_fence(
+    current: Lease | None, token: int, now_ms: int, ended: EndReason | None
+) -> FenceVerdict:
+    """Judge `token` against the lock's lease row (live or dead) and the recorded
+    end of the lease that had it, if any. A stale token's reason follows the
+    rule a late renewal is told (`lost_reason`): an expired lease whose lock is
+    held again by someone else was superseded."""
+    live = current if current is not None and is_live(current, now_ms) else None
+    live_token = None if live is None else live.fencing_token
+    if live is not None and live.fencing_token == token:
+        return FenceVerdict(token, True, live_token, None)
+    reason: str
+    if current is not None and current.fencing_token == token:
+        reason = EndReason.EXPIRED.value  # still on record, but dead
+    elif ended is EndReason.EXPIRED and live is not None:
+        reason = EndReason.SUPERSEDED.value
+    elif ended is not None:
+        reason = ended.value
+    else:
+        reason = FENCE_UNKNOWN
+    return FenceVerdict(token, False, live_token, reason)
+
+
+def may_force_release(lease: Lease, key_id: str, is_admin: bool) -> bool:
+    """An admin may end any lease of its project; anyone else only a lease its
+    own API key took (ownership is the only check: the caller is typically a
+    client that crashed and lost its lock token). A lease taken before keys
+    were recorded has no owner but the admins."""
+    return is_admin or (lease.key_id is not None and lease.key_id == key_id)

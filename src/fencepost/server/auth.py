@@ -25,6 +25,7 @@ class Principal:
     key_id: str
     project: str
     role: Role
+    expires_ms: int | None = None
 
 
 @dataclass(slots=True)
@@ -45,10 +46,23 @@ class Authenticator:
         self._cache: dict[bytes, _CachedKey] = {}
 
     def forget(self, key_id: str) -> None:
-        """Drop a key from the cache at once (it was revoked here)."""
-        for digest, cached in list(self._cache.items()):
-            if cached.record is not None and cached.record.id == key_id:
-                del self._cache[digest]
+        """Drop a key and the successors minted from it from the cache at once
+        (they were revoked here)."""
+        gone = {key_id}
+        while True:  # successors of successors, to a fixpoint
+            dropped = [
+                digest for digest, cached in self._cache.items()
+                if cached.record is not None and (
+                    cached.record.id in gone or cached.record.parent_id in gone
+                    or cached.record.root_id == key_id
+                )
+            ]
+            if not dropped:
+                return
+            for digest in dropped:
+                record = self._cache.pop(digest).record
+                assert record is not None
+                gone.add(record.id)
 
     async def authenticate(self, request: Request, needs: Role) -> Principal:
         """The caller's key, or a refusal (reported as an event: 401, 403, or
@@ -90,7 +104,7 @@ class Authenticator:
             raise Forbidden(
                 f"This route needs the {needs.label} role; the key is a {record.role.label}."
             )
-        return Principal(record.id, record.project, record.role)
+        return Principal(record.id, record.project, record.role, record.expires_ms)
 
     async def _lookup(self, secret: str) -> tuple[KeyRecord | None, list[Network]]:
         # Cache by a keyed hash so raw secrets are not kept as dictionary keys.
@@ -112,7 +126,10 @@ class Authenticator:
         without a quota cost nothing here."""
         if record.rpm_quota is None:
             return
-        wait_ms = await self._store.admit_request(record.id, record.rpm_quota)
+        # One budget per refresh chain: a key must not multiply its quota by
+        # minting successors (SPEC §5), each of which would start afresh.
+        budget = record.root_id or record.id
+        wait_ms = await self._store.admit_request(budget, record.rpm_quota)
         if wait_ms is not None:
             raise QuotaExceeded(retry_after_ms=wait_ms)
 

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from fencepost.core.leases import TTL_MAX_SECONDS, TTL_MIN_SECONDS
+from fencepost.core.leases import LOCK_DELAY_MAX_SECONDS, TTL_MAX_SECONDS, TTL_MIN_SECONDS
 
 TtlSeconds = Annotated[
     int,
@@ -45,6 +45,12 @@ class AcquireLockBody(Request):
     operation: Operation | None = None
     metadata: Metadata | None = None
     on_expiry: Literal["release", "keep"] = "release"
+    lock_delay_seconds: Annotated[
+        int,
+        Meta(ge=0, le=LOCK_DELAY_MAX_SECONDS,
+             description="After this lease ends by expiry or force release (not by its "
+             "holder's release), nobody is granted the lock for this long."),
+    ] = 0
 
 
 class RenewLockBody(Request):
@@ -119,6 +125,21 @@ class ForceReleasedLease(msgspec.Struct):
     expires_in_ms: int
 
 
+class FenceCheck(msgspec.Struct):
+    key: str
+    token: int
+    current: Annotated[
+        bool, Meta(description="True exactly when `token` is the live lease's fencing token.")
+    ]
+    live_token: Annotated[
+        int | None, Meta(description="The live lease's fencing token; null when none is live.")
+    ]
+    reason: Annotated[
+        Literal["expired", "released", "force_released", "superseded", "unknown"] | None,
+        Meta(description="Why a stale token is stale; null when current."),
+    ]
+
+
 class NothingToRelease(msgspec.Struct):
     released: Literal[False]
     key: str
@@ -137,6 +158,15 @@ class CreateKeyBody(Request):
         Meta(max_length=64, description="IPv4 or IPv6 addresses or CIDR networks."),
     ] | None = None
     rpm_quota: Annotated[int, Meta(ge=1, le=1_000_000)] | None = None
+
+
+class RefreshKeyBody(Request):
+    expires_in_seconds: Annotated[
+        int,
+        Meta(ge=1, le=315_360_000,
+             description="The successor's lifetime (default: the calling key's own); never "
+             "longer than an admin granted the original key."),
+    ] | None = None
 
 
 class KeyInfo(msgspec.Struct):
@@ -175,6 +205,7 @@ class WhoAmI(msgspec.Struct):
     project: str
     key_id: str
     role: RoleName
+    expires_at: At | None
 
 
 class Health(msgspec.Struct):
@@ -206,7 +237,8 @@ class ErrorInfo(msgspec.Struct):
     ] | None = None
     waiters: Annotated[int, Meta(ge=0, description="lock_held: callers in line.")] | None = None
     reason: Annotated[
-        str, Meta(description="lease_lost: expired, released, force_released or superseded.")
+        str, Meta(description="lease_lost: expired, released, force_released or superseded; "
+                  "lock_held: lock_delay while the lock is in its lock delay.")
     ] | None = None
     in_use: Annotated[int, Meta(ge=0, description="too_many_requests: slots held.")] | None = None
     effective_limit: Annotated[

@@ -12,7 +12,7 @@ from typing import Callable, Protocol
 
 from fencepost.core.governor import GovernorState
 from fencepost.core.keys import Role
-from fencepost.core.leases import AcquireRequest, Busy, Granted, Lease
+from fencepost.core.leases import AcquireRequest, Busy, FenceVerdict, Granted, Lease
 from fencepost.core.ratelimit_headers import RateLimitInfo
 from fencepost.core.slots import PoolConfig, Slot
 
@@ -29,6 +29,11 @@ class KeyRecord:
     allow_ips: list[str]
     rpm_quota: int | None
     revoked_ms: int | None
+    # Key refresh (SPEC §5): the key this one was minted from, its chain's first
+    # key, and the lifetime an admin granted that first key (None: no expiry).
+    parent_id: str | None = None
+    root_id: str | None = None
+    granted_lifetime_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +100,15 @@ class ForceReleased:
     key: str
     lease: Lease | None  # the displaced lease, or None when nothing was held
     now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ForceReleaser:
+    """Who asks for a force release: an admin ends any lease of its project,
+    anyone else only a lease its own API key took (SPEC §3.5)."""
+
+    key_id: str
+    is_admin: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +246,13 @@ class Store(Protocol):
     async def list_keys(self, project: str) -> list[KeyRecord]: ...
 
     async def revoke_key(self, project: str, key_id: str) -> bool:
-        """False when the project has no such key."""
+        """Revoke the key and every key minted from it by refresh, transitively.
+        False when the project has no such key."""
+
+    async def refresh_key(self, key_id: str, expires_in_ms: int | None) -> tuple[KeyRecord, str]:
+        """Mint a successor of the key (same project, role, name, allowlist and
+        quota). Raises Unauthorized when the key is revoked or expired, and
+        ValidationError when the asked lifetime exceeds the chain's grant."""
 
     async def find_key(self, secret: str) -> KeyRecord | None:
         """The key whose secret this is (revoked and expired keys included)."""
@@ -263,9 +283,15 @@ class Store(Protocol):
 
     async def release_lock(self, project: str, key: str, lock_token: str) -> bool: ...
 
-    async def force_release(self, project: str, key: str) -> ForceReleased: ...
+    async def force_release(self, project: str, key: str, by: ForceReleaser) -> ForceReleased:
+        """End the live lease (any, dead or alive, leaves no live lease behind).
+        Raises Forbidden, changing nothing, when `by` may not end the live one."""
 
     async def get_lock(self, project: str, key: str) -> LockView: ...
+
+    async def fence_check(self, project: str, key: str, token: int) -> FenceVerdict:
+        """Whether `token` is the fencing token of the lock's live lease, and
+        why not (SPEC §3.8)."""
 
     async def list_locks(
         self, project: str, prefix: str, after: str | None, limit: int

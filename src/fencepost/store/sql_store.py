@@ -12,7 +12,7 @@ import itertools
 from typing import Any, Awaitable, Callable, TypeVar
 
 from fencepost.core.keys import hash_secret, new_secret
-from fencepost.core.leases import AcquireRequest, Lease
+from fencepost.core.leases import AcquireRequest, FenceVerdict, Lease
 from fencepost.core.slots import PoolConfig, Slot
 from fencepost.errors import StoreUnavailable
 from fencepost.store.base import (
@@ -21,6 +21,7 @@ from fencepost.store.base import (
     Census,
     EventListener,
     ForceReleased,
+    ForceReleaser,
     Freed,
     FreedListener,
     KeyRecord,
@@ -156,6 +157,13 @@ class SqlStore:
     async def revoke_key(self, project: str, key_id: str) -> bool:
         return await self._writer.run(lambda tx: keys.revoke_key(tx, project, key_id))
 
+    async def refresh_key(self, key_id: str, expires_in_ms: int | None) -> tuple[KeyRecord, str]:
+        secret = new_secret()
+        record = await self._writer.run(
+            lambda tx: keys.refresh_key(tx, self._pepper, key_id, expires_in_ms, secret)
+        )
+        return record, secret
+
     async def find_key(self, secret: str) -> KeyRecord | None:
         wanted = hash_secret(secret, self._pepper)
         return await self._read(lambda tx: keys.find_key(tx, wanted))
@@ -193,11 +201,16 @@ class SqlStore:
             lambda tx: locks.release(tx, self._known, project, key, lock_token)
         )
 
-    async def force_release(self, project: str, key: str) -> ForceReleased:
-        return await self._writer.run(lambda tx: locks.force_release(tx, self._known, project, key))
+    async def force_release(self, project: str, key: str, by: ForceReleaser) -> ForceReleased:
+        return await self._writer.run(
+            lambda tx: locks.force_release(tx, self._known, project, key, by)
+        )
 
     async def get_lock(self, project: str, key: str) -> LockView:
         return await self._read(lambda tx: locks.view(tx, project, key))
+
+    async def fence_check(self, project: str, key: str, token: int) -> FenceVerdict:
+        return await self._read(lambda tx: locks.fence_check(tx, project, key, token))
 
     async def list_locks(
         self, project: str, prefix: str, after: str | None, limit: int

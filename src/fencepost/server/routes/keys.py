@@ -1,4 +1,4 @@
-"""Key routes (SPEC §5): create, list, revoke, whoami."""
+"""Key routes (SPEC §5): create, list, revoke, refresh, whoami."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from fencepost.core.keys import Role, parse_networks
 from fencepost.core.timefmt import format_at
 from fencepost.errors import NotFound
 from fencepost.server import schemas
-from fencepost.server.context import endpoint, services
+from fencepost.server.context import endpoint, request_id, services
 from fencepost.server.http import json_response
 from fencepost.server.messages import Request, Response
 from fencepost.server.validation import decode_body, invalid_field
@@ -45,6 +45,10 @@ async def create_key(request: Request) -> Response:
         rpm_quota=body.rpm_quota,
     )
     record, secret = await svc.store.create_key(principal.project, new)
+    return _created(record, secret)
+
+
+def _created(record: KeyRecord, secret: str) -> Response:
     info = key_info(record)
     return json_response(
         201,
@@ -54,6 +58,25 @@ async def create_key(request: Request) -> Response:
             created_at=info.created_at,
         ),
     )
+
+
+@endpoint
+async def refresh_key(request: Request) -> Response:
+    """POST /v1/keys/refresh: the caller's own key mints its successor; the
+    caller's key keeps working until its own expiry."""
+    svc = services(request)
+    principal = await svc.auth.authenticate(request, Role.READER)
+    expires_in_ms = None
+    if request.body.strip():
+        body = decode_body(request.body, schemas.RefreshKeyBody)
+        if body.expires_in_seconds is not None:
+            expires_in_ms = body.expires_in_seconds * 1000
+    record, secret = await svc.store.refresh_key(principal.key_id, expires_in_ms)
+    svc.access_log.write(
+        "key.refresh", project=principal.project, key_id=principal.key_id,
+        new_key_id=record.id, request_id=request_id(request),
+    )
+    return _created(record, secret)
 
 
 @endpoint
@@ -81,6 +104,8 @@ async def whoami(request: Request) -> Response:
     return json_response(
         200,
         schemas.WhoAmI(
-            project=principal.project, key_id=principal.key_id, role=principal.role.label  # type: ignore[arg-type]
+            project=principal.project, key_id=principal.key_id,
+            role=principal.role.label,  # type: ignore[arg-type]
+            expires_at=format_at(principal.expires_ms),
         ),
     )

@@ -15,12 +15,13 @@ from fencepost.events import Lost, current_origin
 from fencepost.server import schemas
 from fencepost.server.attempts import AttemptLog, get_or_wait
 from fencepost.server.context import endpoint, path_name, request_id, services
+from fencepost.server.fence_query import fence_token
 from fencepost.server.http import json_response, required_uuid_header
 from fencepost.server.listing import list_query, no_query, page
 from fencepost.server.messages import Request, Response
 from fencepost.server.validation import decode_body, invalid_field
 from fencepost.server.waiting import WAITER_ALIVE_MS, Attempt, ClientGone
-from fencepost.store.base import AcquireResult, KeyRef, LockView
+from fencepost.store.base import AcquireResult, ForceReleaser, KeyRef, LockView
 
 
 def grant_body(lease: Lease) -> schemas.LeaseGrant:
@@ -103,6 +104,7 @@ async def acquire(request: Request) -> Response:
             on_expiry=OnExpiry(body.on_expiry),
             key_id=principal.key_id,
             wait_ms=round(body.wait_seconds * 1000),
+            lock_delay_seconds=body.lock_delay_seconds,
         )
         log.waited = body.wait_seconds > 0
         granted = await _acquire(request, principal.project, key, wanted, body.wait_seconds)
@@ -143,7 +145,11 @@ async def _acquire(
 def _attempt(result: AcquireResult) -> Attempt[Granted]:
     if isinstance(result.outcome, Granted):
         return Attempt(result.outcome)
-    return Attempt(None, result.ticket, result.outcome.to_error())
+    # A lock delay ends by itself: a waiter re-checks then (a timer), besides
+    # the wake-up the reaper sends when it clears the delay.
+    ends_in_ms = result.outcome.ends_in_ms
+    recheck_s = None if ends_in_ms is None else max(ends_in_ms / 1000, 0.005)
+    return Attempt(None, result.ticket, result.outcome.to_error(), recheck_s)
 
 
 def _held(attempt: Attempt[Granted]) -> FencepostError:
@@ -201,6 +207,24 @@ async def inspect(request: Request) -> Response:
 
 
 @endpoint
+async def fence_check(request: Request) -> Response:
+    """GET /v1/locks/{key}/fence?token=N: for a resource that cannot keep the
+    highest token itself (SPEC §3.8); always 200 for a well-formed request."""
+    svc = services(request)
+    principal = await svc.auth.authenticate(request, Role.READER)
+    key = path_name(request, "key")
+    token = fence_token(request)
+    verdict = await svc.store.fence_check(principal.project, key, token)
+    return json_response(
+        200,
+        schemas.FenceCheck(
+            key=key, token=token, current=verdict.current, live_token=verdict.live_token,
+            reason=verdict.reason,  # type: ignore[arg-type]
+        ),
+    )
+
+
+@endpoint
 async def list_locks(request: Request) -> Response:
     svc = services(request)
     principal = await svc.auth.authenticate(request, Role.READER)
@@ -212,11 +236,13 @@ async def list_locks(request: Request) -> Response:
 
 @endpoint
 async def force_release(request: Request) -> Response:
-    """DELETE /v1/locks/{key}: always 200; afterwards no lease is live."""
+    """DELETE /v1/locks/{key}: always 200 for an admin or the lease's owner;
+    afterwards no lease is live."""
     svc = services(request)
-    principal = await svc.auth.authenticate(request, Role.ADMIN)
+    principal = await svc.auth.authenticate(request, Role.MEMBER)
     key = path_name(request, "key")
-    result = await svc.store.force_release(principal.project, key)
+    by = ForceReleaser(principal.key_id, is_admin=principal.role >= Role.ADMIN)
+    result = await svc.store.force_release(principal.project, key, by)
     lease = result.lease
     svc.access_log.write(
         "lock.force_release",

@@ -139,9 +139,20 @@ ROUTES: tuple[RouteSpec, ...] = (
     ),
     RouteSpec(
         "DELETE", "/v1/locks/{key}", locks.force_release, "forceReleaseLock",
-        "Force-release a stuck lock", Role.ADMIN,
+        "Force-release a stuck lock (an admin: any lock; a member: a lease its own key took)",
+        Role.MEMBER,
         responses=((200, (schemas.ForceReleasedLease, schemas.NothingToRelease),
                     "Released, or not held (also a success: afterwards no lease is live)."),),
+    ),
+    RouteSpec(
+        "GET", "/v1/locks/{key}/fence", locks.fence_check, "checkFence",
+        "Check a fencing token against the lock's live lease", Role.READER,
+        responses=((200, schemas.FenceCheck,
+                    "Whether the token is current, and why not (always 200 when well-formed)."),),
+        params=(
+            Param("token", "query", {"type": "integer", "minimum": 0, "maximum": 2**53 - 1},
+                  "The fencing token to check (given once).", True, ValidationError),
+        ),
     ),
     RouteSpec(
         "GET", "/v1/locks", locks.list_locks, "listLocks", "List held locks", Role.READER,
@@ -212,6 +223,14 @@ ROUTES: tuple[RouteSpec, ...] = (
         responses=((201, schemas.CreatedKey, "Created; the secret is shown only here."),),
     ),
     RouteSpec(
+        "POST", "/v1/keys/refresh", keys.refresh_key, "refreshKey",
+        "Mint a successor of the calling key (any role; the caller's key keeps working)",
+        Role.READER, schemas.RefreshKeyBody, body_optional=True,
+        responses=((201, schemas.CreatedKey,
+                    "The successor; its secret is shown only here. Revoking the calling "
+                    "key (or any key it was refreshed from) revokes it too."),),
+    ),
+    RouteSpec(
         "GET", "/v1/keys", keys.list_keys, "listKeys", "List the project's keys", Role.ADMIN,
         responses=((200, schemas.KeyList, "Keys without secrets."),),
     ),
@@ -222,7 +241,7 @@ ROUTES: tuple[RouteSpec, ...] = (
     ),
     RouteSpec(
         "GET", "/v1/whoami", keys.whoami, "whoAmI", "Who this key is", Role.READER,
-        responses=((200, schemas.WhoAmI, "The key's project, ID and role."),),
+        responses=((200, schemas.WhoAmI, "The key's project, ID, role and expiry."),),
     ),
     RouteSpec(
         "GET", "/livez", system.livez, "getLiveness",

@@ -13,35 +13,40 @@ from fencepost.events import Ended
 from fencepost.store.batch import Tx
 
 _NAME = "ended_leases"
-_INSERT = "INSERT INTO ended_leases (project, key, lock_token, reason, ended_ms) VALUES "
-_ROW = "(?, ?, ?, ?, ?)"
+_INSERT = (
+    "INSERT INTO ended_leases (project, key, lock_token, reason, ended_ms, fencing_token) VALUES "
+)
+_ROW = "(?, ?, ?, ?, ?, ?)"
 _ON_CONFLICT = (
     " ON CONFLICT (project, key, lock_token) DO UPDATE SET "
-    "reason = excluded.reason, ended_ms = excluded.ended_ms"
+    "reason = excluded.reason, ended_ms = excluded.ended_ms, "
+    "fencing_token = excluded.fencing_token"
 )
-# Rows per statement: 50 parameters at most, which psycopg still caches the
+# Rows per statement: 60 parameters at most, which psycopg still caches the
 # parsing of; and few distinct statement texts for the statement caches.
 _CHUNK = 10
 
-_Pending = dict[tuple[str, str, str], tuple[str, int]]
+_Pending = dict[tuple[str, str, str], tuple[str, int, int]]
+_Row = tuple[str, str, str, str, int, int]
 
 
 def remember(
-    tx: Tx, project: str, key: str, lock_token: str, reason: EndReason,
+    tx: Tx, project: str, key: str, lock_token: str, fencing_token: int, reason: EndReason,
     acquired_ms: int | None = None,
 ) -> None:
-    """Record why the lease ended, and report the end (the one place every
-    lock lease's end passes, the reaper's included)."""
+    """Record why the lease ended (and its fencing token, for fence checks), and
+    report the end (the one place every lock lease's end passes, the reaper's
+    included)."""
     held_ms = None if acquired_ms is None else max(0, tx.now_ms - acquired_ms)
     tx.events.append(Ended("lock", project, key, reason.value, held_ms, tx.origin))
     if tx.batch.isolated:
-        _write(tx, [(project, key, lock_token, reason.value, tx.now_ms)])
+        _write(tx, [(project, key, lock_token, reason.value, tx.now_ms, fencing_token)])
         return
     pending: _Pending | None = tx.batch.shared.get(_NAME)
     if pending is None:
         pending = tx.batch.shared[_NAME] = {}
         tx.batch.finishers[_NAME] = _write_gathered
-    pending[(project, key, lock_token)] = (reason.value, tx.now_ms)
+    pending[(project, key, lock_token)] = (reason.value, tx.now_ms, fencing_token)
 
 
 def reason(tx: Tx, project: str, key: str, lock_token: str) -> EndReason | None:
@@ -55,12 +60,25 @@ def reason(tx: Tx, project: str, key: str, lock_token: str) -> EndReason | None:
     return None if row is None else EndReason(row[0])
 
 
+def reason_of_token(tx: Tx, project: str, key: str, fencing_token: int) -> EndReason | None:
+    """Why the lease of this lock with this fencing token ended, if it is on record."""
+    pending: _Pending | None = tx.batch.shared.get(_NAME)
+    for (p, k, _), (why, _, fencing) in (pending or {}).items():
+        if (p, k, fencing) == (project, key, fencing_token):
+            return EndReason(why)
+    row = tx.execute(
+        "SELECT reason FROM ended_leases WHERE project = ? AND key = ? AND fencing_token = ?",
+        (project, key, fencing_token),
+    ).fetchone()
+    return None if row is None else EndReason(row[0])
+
+
 def _write_gathered(tx: Tx) -> None:
     pending: _Pending = tx.batch.shared[_NAME]
     _write(tx, [(*ended, *what) for ended, what in pending.items()])
 
 
-def _write(tx: Tx, rows: list[tuple[str, str, str, str, int]]) -> None:
+def _write(tx: Tx, rows: list[_Row]) -> None:
     # Each (project, key, lock_token) appears once: one statement may not
     # update a row twice (PostgreSQL refuses).
     for start in range(0, len(rows), _CHUNK):

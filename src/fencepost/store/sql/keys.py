@@ -6,15 +6,24 @@ import json
 import secrets
 from typing import Any
 
-from fencepost.core.keys import Role, hash_secret, new_key_id, new_secret, same_hash
+from fencepost.core.keys import (
+    Role,
+    granted_lifetime_ms,
+    hash_secret,
+    new_key_id,
+    new_secret,
+    same_hash,
+    successor_lifetime_ms,
+)
 from fencepost.core.quota import RateGate
-from fencepost.errors import Conflict
+from fencepost.errors import Conflict, Unauthorized, ValidationError
 from fencepost.events import KeyChanged
 from fencepost.store.base import KeyRecord, NewKey
 from fencepost.store.batch import Tx
 
 _KEY_COLUMNS = (
-    "id, project, role, name, secret_hash, created_ms, expires_ms, allow_ips, rpm_quota, revoked_ms"
+    "id, project, role, name, secret_hash, created_ms, expires_ms, allow_ips, rpm_quota, "
+    "revoked_ms, parent_id, root_id, granted_lifetime_ms"
 )
 
 
@@ -30,6 +39,9 @@ def _key_record(row: Any) -> KeyRecord:
         allow_ips=list(json.loads(row[7])),
         rpm_quota=row[8],
         revoked_ms=row[9],
+        parent_id=row[10],
+        root_id=row[11],
+        granted_lifetime_ms=row[12],
     )
 
 
@@ -44,7 +56,15 @@ def load_pepper(tx: Tx) -> str:
 
 
 def insert_key(tx: Tx, pepper: bytes, project: str, new: NewKey, secret: str) -> KeyRecord:
-    record = KeyRecord(
+    """A key an admin (or bootstrap) creates: the first of its refresh chain."""
+    return _insert(tx, _new_record(tx, pepper, project, new, secret, new.expires_in_ms))
+
+
+def _new_record(
+    tx: Tx, pepper: bytes, project: str, new: NewKey, secret: str, granted_ms: int | None,
+    parent: KeyRecord | None = None,
+) -> KeyRecord:
+    return KeyRecord(
         id=new_key_id(),
         project=project,
         role=new.role,
@@ -55,17 +75,48 @@ def insert_key(tx: Tx, pepper: bytes, project: str, new: NewKey, secret: str) ->
         allow_ips=list(new.allow_ips),
         rpm_quota=new.rpm_quota,
         revoked_ms=None,
+        parent_id=None if parent is None else parent.id,
+        root_id=None if parent is None else (parent.root_id or parent.id),
+        granted_lifetime_ms=granted_ms,
     )
+
+
+def _insert(tx: Tx, record: KeyRecord) -> KeyRecord:
     tx.execute(
-        f"INSERT INTO api_keys ({_KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        f"INSERT INTO api_keys ({_KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             record.id, record.project, record.role.label, record.name, record.secret_hash,
             record.created_ms, record.expires_ms, json.dumps(record.allow_ips),
-            record.rpm_quota, None,
+            record.rpm_quota, None, record.parent_id, record.root_id,
+            record.granted_lifetime_ms,
         ),
     )
-    tx.events.append(KeyChanged("created", project, record.id, record.role.label, tx.origin))
+    tx.events.append(
+        KeyChanged("created", record.project, record.id, record.role.label, tx.origin)
+    )
     return record
+
+
+def refresh_key(
+    tx: Tx, pepper: bytes, key_id: str, expires_in_ms: int | None, secret: str
+) -> KeyRecord:
+    """Mint the successor of `key_id` (SPEC §5), decided on the row as it is
+    now: a key revoked or expired a moment ago (still trusted by a replica's
+    cache) cannot refresh, and a refresh and a revocation never interleave."""
+    row = tx.execute(f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE id = ?", (key_id,)).fetchone()
+    caller = None if row is None else _key_record(row)
+    if caller is None or caller.revoked_ms is not None:
+        raise Unauthorized("The API key is unknown or revoked.")
+    if caller.expires_ms is not None and tx.now_ms >= caller.expires_ms:
+        raise Unauthorized("The API key has expired.")
+    granted = granted_lifetime_ms(caller.granted_lifetime_ms, caller.created_ms, caller.expires_ms)
+    own = None if caller.expires_ms is None else caller.expires_ms - caller.created_ms
+    try:
+        lifetime = successor_lifetime_ms(expires_in_ms, own, granted)
+    except ValueError as exc:
+        raise ValidationError([{"field": "expires_in_seconds", "message": str(exc)}]) from None
+    new = NewKey(caller.role, caller.name, lifetime, list(caller.allow_ips), caller.rpm_quota)
+    return _insert(tx, _new_record(tx, pepper, caller.project, new, secret, granted, caller))
 
 
 def bootstrap(tx: Tx, pepper: bytes, secret: str | None) -> str | None:
@@ -105,15 +156,28 @@ def list_keys(tx: Tx, project: str) -> list[KeyRecord]:
 
 
 def revoke_key(tx: Tx, project: str, key_id: str) -> bool:
+    """Revoke the key and every successor minted from it (a leaked key cannot
+    outlive its revocation by refreshing itself); False when there is no such key."""
     # Contract: scoped by project, so one project can never revoke another's
     # key; revoking twice keeps the first revocation time.
     cur = tx.execute(
         "UPDATE api_keys SET revoked_ms = COALESCE(revoked_ms, ?) WHERE id = ? AND project = ?",
         (tx.now_ms, key_id, project),
     )
-    if cur.rowcount > 0:
-        tx.events.append(KeyChanged("revoked", project, key_id, None, tx.origin))
-    return cur.rowcount > 0
+    if cur.rowcount == 0:
+        return False
+    tx.events.append(KeyChanged("revoked", project, key_id, None, tx.origin))
+    # Every key minted from it by refresh goes too (SPEC §5): a leaked key
+    # cannot outlive its revocation by refreshing itself.
+    tx.execute(
+        "WITH RECURSIVE chain (id) AS ("
+        "SELECT id FROM api_keys WHERE parent_id = ? "
+        "UNION SELECT k.id FROM api_keys k JOIN chain c ON k.parent_id = c.id) "
+        "UPDATE api_keys SET revoked_ms = COALESCE(revoked_ms, ?) "
+        "WHERE id IN (SELECT id FROM chain)",
+        (key_id, tx.now_ms),
+    )
+    return True
 
 
 def find_key(tx: Tx, secret_hash: str) -> KeyRecord | None:

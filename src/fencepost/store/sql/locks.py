@@ -7,13 +7,22 @@ from __future__ import annotations
 from typing import Any, Generator
 
 from fencepost.core import leases as rules
-from fencepost.core.leases import AcquireRequest, Busy, EndReason, Granted, Lease, OnExpiry
-from fencepost.errors import LeaseExpired, LeaseLost
+from fencepost.core.leases import (
+    AcquireRequest,
+    Busy,
+    EndReason,
+    FenceVerdict,
+    Granted,
+    Lease,
+    OnExpiry,
+)
+from fencepost.errors import Forbidden, LeaseExpired, LeaseLost
 from fencepost.events import Granted as LeaseGranted
 from fencepost.store.base import (
     LINE_SHOWN,
     AcquireResult,
     ForceReleased,
+    ForceReleaser,
     KeyRef,
     LockView,
     WaiterView,
@@ -26,9 +35,10 @@ from fencepost.store.sql.replicas import Place
 
 _LEASE_COLUMNS = (
     "key, lock_token, fencing_token, acquired_ms, expires_ms, deadline_ms, "
-    "operation, metadata, on_expiry, key_id"
+    "operation, metadata, on_expiry, key_id, lock_delay_ms"
 )
-_LINE_COUNT_COLUMN = 10  # in a row of _LEASE_COLUMNS followed by a waiter count
+# Where a row of lease columns continues (the waiter count that follows them).
+_AFTER_LEASE = len(_LEASE_COLUMNS.split(", "))
 _WAITERS_AHEAD = (
     "(SELECT COUNT(*) FROM lock_waiters w "
     "WHERE w.project = ? AND w.key = ? AND w.ticket < ? AND w.alive_until_ms > ?)"
@@ -42,15 +52,23 @@ _NO_TICKET = 2**62
 _WAITER_COLUMNS = "w.key_id, k.name, w.since_ms, w.gives_up_ms"
 _LEASE_VALUES = (
     "project, key, lock_token, fencing_token, acquired_ms, expires_ms, deadline_ms, dies_ms, "
-    "operation, metadata, on_expiry, key_id"
+    "operation, metadata, on_expiry, key_id, lock_delay_ms"
 )
 # Written only in the state the rules were asked about: no lease row (not even
-# a dead one) and no live waiter. Otherwise nothing is written.
+# a dead one), no live waiter and no lock delay running. Otherwise nothing is written.
 _INSERT_IF_FREE = (
-    f"INSERT INTO locks ({_LEASE_VALUES}) SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? "
+    f"INSERT INTO locks ({_LEASE_VALUES}) SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? "
     "WHERE NOT EXISTS (SELECT 1 FROM lock_waiters "
     "WHERE project = ? AND key = ? AND alive_until_ms > ?) "
+    "AND NOT EXISTS (SELECT 1 FROM lock_delays "
+    "WHERE project = ? AND key = ? AND until_ms > ?) "
     "ON CONFLICT (project, key) DO NOTHING"
+)
+_DELAY_OF = "(SELECT d.until_ms FROM lock_delays d WHERE d.project = ? AND d.key = ?)"
+# The lease row, the waiters ahead and the lock delay in one statement.
+_LEASE_LINE_AND_DELAY = (
+    f"SELECT {', '.join('l.' + c for c in _LEASE_COLUMNS.split(', '))}, {_WAITERS_AHEAD}, "
+    f"{_DELAY_OF} FROM (SELECT 1) AS one LEFT JOIN locks l ON l.project = ? AND l.key = ?"
 )
 
 
@@ -66,6 +84,7 @@ def _lease(row: Any) -> Lease:
         metadata_json=row[7],
         on_expiry=OnExpiry(row[8]),
         key_id=row[9],
+        lock_delay_ms=int(row[10]),
     )
 
 
@@ -83,14 +102,40 @@ def load_line(
     `before_ticket` (all of them when None), in one statement."""
     ahead = before_ticket if before_ticket is not None else _NO_TICKET
     row = tx.execute(_LEASE_AND_LINE, (project, key, ahead, tx.now_ms, project, key)).fetchone()
-    return (None if row[0] is None else _lease(row)), int(row[_LINE_COUNT_COLUMN])
+    return (None if row[0] is None else _lease(row)), int(row[_AFTER_LEASE])
+
+
+def load_line_and_delay(
+    tx: Tx, project: str, key: str, before_ticket: int | None = None
+) -> tuple[Lease | None, int, int | None]:
+    """`load_line`, and the end of the lock's recorded lock delay (or None)."""
+    ahead = before_ticket if before_ticket is not None else _NO_TICKET
+    row = tx.execute(
+        _LEASE_LINE_AND_DELAY, (project, key, ahead, tx.now_ms, project, key, project, key)
+    ).fetchone()
+    lease = None if row[0] is None else _lease(row)
+    delay = row[_AFTER_LEASE + 1]
+    return lease, int(row[_AFTER_LEASE]), None if delay is None else int(delay)
+
+
+def start_delay(tx: Tx, project: str, lease: Lease, reason: EndReason) -> None:
+    """Record the lock delay `lease` asked for, if its ending starts one that
+    has not passed yet (SPEC §3.9)."""
+    until = rules.delay_until_ms(lease, reason, tx.now_ms)
+    if until is None or until <= tx.now_ms:
+        return
+    tx.execute(
+        "INSERT INTO lock_delays (project, key, until_ms) VALUES (?, ?, ?) "
+        "ON CONFLICT (project, key) DO UPDATE SET until_ms = excluded.until_ms",
+        (project, lease.key, until),
+    )
 
 
 def _lease_values(project: str, lease: Lease) -> tuple[Any, ...]:
     return (
         project, lease.key, lease.lock_token, lease.fencing_token, lease.acquired_ms,
         lease.expires_ms, lease.deadline_ms, rules.end_of_life_ms(lease), lease.operation,
-        lease.metadata_json, lease.on_expiry.value, lease.key_id,
+        lease.metadata_json, lease.on_expiry.value, lease.key_id, lease.lock_delay_ms,
     )
 
 
@@ -114,6 +159,7 @@ def _decide_and_write(
     request: AcquireRequest,
     current: Lease | None,
     waiters_ahead: int,
+    delayed_until_ms: int | None,
 ) -> Granted | Busy:
     outcome = rules.decide_acquire(
         key,
@@ -122,11 +168,14 @@ def _decide_and_write(
         tx.now_ms,
         waiters_ahead=waiters_ahead,
         next_fencing_token=lambda: fencing.take(tx),
+        delayed_until_ms=delayed_until_ms,
     )
     if isinstance(outcome, Granted) and outcome.created:
         if current is not None:  # a dead lease not yet reaped is replaced
-            ended.remember(tx, project, key, current.lock_token, EndReason.EXPIRED,
-                           current.acquired_ms)
+            ended.remember(
+                tx, project, key, current.lock_token, current.fencing_token, EndReason.EXPIRED,
+                current.acquired_ms,
+            )
         write_lease(tx, project, outcome.lease)
         known.put(project, outcome.lease)
         report_grant(tx, project, outcome.lease)
@@ -156,7 +205,9 @@ def acquire(
     )
     assert isinstance(outcome, Granted)
     sent = tx.execute(
-        _INSERT_IF_FREE, (*_lease_values(project, outcome.lease), project, key, tx.now_ms)
+        _INSERT_IF_FREE,
+        (*_lease_values(project, outcome.lease), project, key, tx.now_ms, project, key,
+         tx.now_ms),
     )
     yield
     if sent.rowcount:
@@ -165,8 +216,8 @@ def acquire(
         return AcquireResult(outcome)
     fencing.give_back(tx, outcome.lease.fencing_token)
     yield
-    current, waiting = load_line(tx, project, key)
-    outcome = _decide_and_write(tx, known, project, key, request, current, waiting)
+    current, waiting, delayed = load_line_and_delay(tx, project, key)
+    outcome = _decide_and_write(tx, known, project, key, request, current, waiting, delayed)
     if isinstance(outcome, Granted) or place is None:
         return AcquireResult(outcome)
     return AcquireResult(outcome, join_line(tx, project, key, request, place))
@@ -189,8 +240,8 @@ def retry_waiter(
     ).rowcount
     if not refreshed:  # dropped as dead (e.g. a stalled loop): rejoin at the back
         ticket = join_line(tx, project, key, request, place)
-    current, ahead = load_line(tx, project, key, before_ticket=ticket)
-    outcome = _decide_and_write(tx, known, project, key, request, current, ahead)
+    current, ahead, delayed = load_line_and_delay(tx, project, key, before_ticket=ticket)
+    outcome = _decide_and_write(tx, known, project, key, request, current, ahead, delayed)
     if isinstance(outcome, Granted):
         tx.execute("DELETE FROM lock_waiters WHERE ticket = ?", (ticket,))
         return AcquireResult(outcome)
@@ -268,24 +319,42 @@ def release(
         return False
     known.forget(project, key)
     # A dead lease not yet reaped ends here just as the reaper would end it.
-    released = rules.holds(_lease(row), lock_token, tx.now_ms)
+    lease = _lease(row)
+    released = rules.holds(lease, lock_token, tx.now_ms)
     reason = EndReason.RELEASED if released else EndReason.EXPIRED
-    ended.remember(tx, project, key, lock_token, reason, _lease(row).acquired_ms)
+    ended.remember(tx, project, key, lock_token, lease.fencing_token, reason, lease.acquired_ms)
+    start_delay(tx, project, lease, reason)
     tx.events.append(lock_freed(project, key))
     return released
 
 
-def force_release(tx: Tx, known: KnownLeases, project: str, key: str) -> ForceReleased:
-    known.forget(project, key)
+def force_release(
+    tx: Tx, known: KnownLeases, project: str, key: str, by: ForceReleaser
+) -> ForceReleased:
+    """End the live lease if `by` may (else raise Forbidden, changing nothing)."""
     current = load_lease(tx, project, key)
     if current is None or not rules.is_live(current, tx.now_ms):
+        known.forget(project, key)
         if current is not None:  # dead but not yet reaped
-            end_lease(tx, project, key, current.lock_token, EndReason.EXPIRED,
-                      current.acquired_ms)
+            end_lease(tx, project, current, EndReason.EXPIRED)
         return ForceReleased(key, None, tx.now_ms)
-    end_lease(tx, project, key, current.lock_token, EndReason.FORCE_RELEASED,
-              current.acquired_ms)
+    if not rules.may_force_release(current, by.key_id, by.is_admin):
+        raise Forbidden(
+            "Only an admin or the API key that took this lease may force-release it."
+        )
+    known.forget(project, key)
+    end_lease(tx, project, current, EndReason.FORCE_RELEASED)
     return ForceReleased(key, current, tx.now_ms)
+
+
+def fence_check(tx: Tx, project: str, key: str, token: int) -> FenceVerdict:
+    """Whether `token` is the fencing token of the lock's live lease, and if
+    not, why (SPEC §3.8). A read: nothing is written."""
+    current = load_lease(tx, project, key)
+    if current is not None and current.fencing_token == token:
+        return rules.judge_fence(current, token, tx.now_ms, None)
+    reason = ended.reason_of_token(tx, project, key, token)
+    return rules.judge_fence(current, token, tx.now_ms, reason)
 
 
 def view(tx: Tx, project: str, key: str) -> LockView:
@@ -351,12 +420,12 @@ def list_views(
         "AND l.key >= ? AND l.key < ? AND l.key > ? AND l.dies_ms > ? ORDER BY l.key LIMIT ?",
         (tx.now_ms, project, low, prefix + "\U0010ffff", after or "", tx.now_ms, limit),
     ).fetchall()
-    waited = [row[0] for row in rows if row[_LINE_COUNT_COLUMN]]
+    waited = [row[0] for row in rows if row[_AFTER_LEASE]]
     lines = _lines_between(tx, project, waited[0], waited[-1]) if waited else {}
     return [
         LockView(
-            row[0], _lease(row), int(row[_LINE_COUNT_COLUMN]), tx.now_ms,
-            KeyRef(row[9], row[_LINE_COUNT_COLUMN + 1]), tuple(lines.get(row[0], ())),
+            row[0], _lease(row), int(row[_AFTER_LEASE]), tx.now_ms,
+            KeyRef(row[9], row[_AFTER_LEASE + 1]), tuple(lines.get(row[0], ())),
         )
         for row in rows
     ]
@@ -365,13 +434,13 @@ def list_views(
 def write_lease(tx: Tx, project: str, lease: Lease) -> None:
     tx.execute(
         f"INSERT INTO locks ({_LEASE_VALUES}) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
         "ON CONFLICT (project, key) DO UPDATE SET lock_token = excluded.lock_token, "
         "fencing_token = excluded.fencing_token, acquired_ms = excluded.acquired_ms, "
         "expires_ms = excluded.expires_ms, deadline_ms = excluded.deadline_ms, "
         "dies_ms = excluded.dies_ms, operation = excluded.operation, "
         "metadata = excluded.metadata, on_expiry = excluded.on_expiry, "
-        "key_id = excluded.key_id",
+        "key_id = excluded.key_id, lock_delay_ms = excluded.lock_delay_ms",
         _lease_values(project, lease),
     )
     # An older ended_leases row for this token (a token reused after its lease
@@ -379,16 +448,16 @@ def write_lease(tx: Tx, project: str, lease: Lease) -> None:
     # lock, and is overwritten when this lease ends.
 
 
-def end_lease(
-    tx: Tx, project: str, key: str, lock_token: str, reason: EndReason,
-    acquired_ms: int | None = None,
-) -> None:
+def end_lease(tx: Tx, project: str, lease: Lease, reason: EndReason) -> None:
     tx.execute(
         "DELETE FROM locks WHERE project = ? AND key = ? AND lock_token = ?",
-        (project, key, lock_token),
+        (project, lease.key, lease.lock_token),
     )
-    ended.remember(tx, project, key, lock_token, reason, acquired_ms)
-    tx.events.append(lock_freed(project, key))
+    ended.remember(
+        tx, project, lease.key, lease.lock_token, lease.fencing_token, reason, lease.acquired_ms
+    )
+    start_delay(tx, project, lease, reason)
+    tx.events.append(lock_freed(project, lease.key))
 
 
 def reap(tx: Tx, known: KnownLeases, forget_before_ms: int | None) -> int:
@@ -397,12 +466,23 @@ def reap(tx: Tx, known: KnownLeases, forget_before_ms: int | None) -> int:
     Contract: deletes exactly the leases that are dead now; running it twice, or
     on two servers at once, frees nothing twice."""
     dead = tx.execute(
-        "DELETE FROM locks WHERE dies_ms <= ? RETURNING project, key, lock_token, acquired_ms",
+        f"DELETE FROM locks WHERE dies_ms <= ? RETURNING project, {_LEASE_COLUMNS}",
         (tx.now_ms,),
     ).fetchall()
-    for project, key, token, acquired_ms in dead:
-        known.forget(project, key)
-        ended.remember(tx, project, key, token, EndReason.EXPIRED, acquired_ms)
+    for row in dead:
+        project, lease = row[0], _lease(row[1:])
+        known.forget(project, lease.key)
+        ended.remember(
+            tx, project, lease.key, lease.lock_token, lease.fencing_token, EndReason.EXPIRED,
+            lease.acquired_ms,
+        )
+        start_delay(tx, project, lease, EndReason.EXPIRED)
+        tx.events.append(lock_freed(project, lease.key))
+    # Locks whose delay is over: their lines may go now (SPEC §3.9).
+    delays_over = tx.execute(
+        "DELETE FROM lock_delays WHERE until_ms <= ? RETURNING project, key", (tx.now_ms,)
+    ).fetchall()
+    for project, key in delays_over:
         tx.events.append(lock_freed(project, key))
     gone = tx.execute(
         "DELETE FROM lock_waiters WHERE alive_until_ms <= ? RETURNING project, key",

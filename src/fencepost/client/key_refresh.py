@@ -1,0 +1,72 @@
+"""Opt-in refresh of the client's own API key before it expires (SPEC §5),
+written once for both clients as a sans-I/O program and its bookkeeping.
+
+The client learns its key's expiry (from `whoami`, or from the answer of its
+last refresh), and once two thirds of the key's remaining life have passed it
+asks `POST /v1/keys/refresh` for a successor, swaps it in for its next
+requests, and hands it to the caller's callback to store. The old key keeps
+working until its own expiry, so a request in flight meanwhile is unharmed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from fencepost.client.models import CreatedKey, WhoAmI
+from fencepost.client.operations import Op, refresh_key, whoami
+
+# Refresh once this share of the key's remaining life (when learned) is left.
+REFRESH_AT_REMAINING = 1 / 3
+# After a failed refresh, wait this long (or less, near the expiry) before the next try.
+RETRY_AFTER_FAILURE_S = 5.0
+
+OnKeyRefresh = Callable[[CreatedKey], Any]
+"""Called with each successor (its secret is `.key`); may be async on `AsyncClient`."""
+
+
+class KeyRefresh:
+    """When the client's key is due for refresh, on the monotonic clock."""
+
+    def __init__(self, wall: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self._wall = wall
+        self._monotonic = monotonic
+        self.known = False  # whether the key's expiry has been learned
+        self.due_at: float | None = None  # None: the key never expires
+
+    def learn(self, expires_at: datetime | None, created_at: datetime | None = None) -> None:
+        """Set the schedule from the key's expiry: its life is measured from
+        `created_at` when known (a fresh successor), else from now."""
+        self.known = True
+        if expires_at is None:
+            self.due_at = None
+            return
+        if created_at is not None:
+            remaining = (expires_at - created_at).total_seconds()
+        else:
+            remaining = expires_at.timestamp() - self._wall()
+        self.due_at = self._monotonic() + max(remaining, 0.0) * (1 - REFRESH_AT_REMAINING)
+
+    def failed(self) -> None:
+        if self.due_at is not None:
+            self.due_at = self._monotonic() + RETRY_AFTER_FAILURE_S
+
+    def is_due(self) -> bool:
+        if not self.known:
+            return True  # learn the expiry first
+        return self.due_at is not None and self._monotonic() >= self.due_at
+
+
+def refresh_if_due(state: KeyRefresh) -> Op[CreatedKey | None]:
+    """Learn the key's expiry if unknown, and mint its successor when due."""
+    if not state.known:
+        me: WhoAmI = yield from whoami()
+        state.learn(me.expires_at)
+    if not state.is_due():
+        return None
+    created: CreatedKey = yield from refresh_key()
+    state.learn(created.expires_at, created.created_at)
+    return created
