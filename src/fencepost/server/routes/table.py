@@ -70,6 +70,12 @@ ROUTES: tuple[RouteSpec, ...] = (
         ((201, schemas.PoolState, "Created"), (200, schemas.PoolState, "Updated")),
     ),
     RouteSpec(
+        "PATCH", "/v1/pools/{pool}", pools.patch_pool, "Change some of a pool's configuration",
+        Role.ADMIN, schemas.PoolPatchBody,
+        ((200, schemas.PoolState, "Updated: only the fields given changed"),
+         (404, None, "not_found"), (422, None, "validation_error")),
+    ),
+    RouteSpec(
         "GET", "/v1/pools/{pool}", pools.get_pool, "Inspect a pool", Role.READER, None,
         ((200, schemas.PoolState, "Configuration, live state and outcome statistics"),
          (404, None, "not_found")),

@@ -4,12 +4,12 @@ the batch transaction (see batch.py), which makes count-then-admit atomic."""
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fencepost.core import governor as gov
 from fencepost.core import slots as rules
-from fencepost.core.governor import GovernorState, Outcome
+from fencepost.core.governor import GovernorState, Hint, Outcome
 from fencepost.core.slots import PoolConfig, Slot
 from fencepost.errors import NotFound
 from fencepost.store.base import PoolStats, PoolView, SlotAttempt, SlotReport, pool_freed
@@ -19,16 +19,21 @@ _CONFIG_COLUMNS = (
     "slot_limit, queue_size, queue_timeout_ms, term_ms, renew_interval_ms, "
     "request_timeout_ms, rpm, adaptive, min_limit"
 )
-_GOVERNOR_COLUMNS = (
-    "gov_limit, gov_plateau, gov_last_decrease_ms, gov_hold_ms, paused_until_ms, "
-    "learned_rpm, window_reset_ms"
+# The governor's state, in GovernorState's order (see _governor), then the pacing clock.
+_GOVERNOR_FIELDS = (
+    "gov_limit", "gov_plateau", "gov_last_decrease_ms", "gov_hold_ms", "paused_until_ms",
+    "learned_rpm", "window_reset_ms", "gov_window_ms", "paused_since_ms", "probe_gap_ms",
+    "next_probe_ms", "gov_ok_hold_ms", "gov_base_hold_ms", "last_success_ms", "hinted_streak",
+    "hint_source", "hint_retry_after_ms", "hint_at_ms",
 )
+_GOVERNOR_COLUMNS = ", ".join((*_GOVERNOR_FIELDS, "pace_tat_ms"))
+_N_CONFIG = 9
+_N_GOVERNOR = len(_GOVERNOR_FIELDS) + 1
 _STATS_COLUMNS = (
     "released, reclaimed, status_1xx, status_2xx, status_3xx, status_4xx, status_5xx, "
     "status_429, throttled, last_retry_after_ms, last_reported_ms"
 )
 _SLOT_COLUMNS = "slot_id, pool, acquired_ms, lease_deadline_ms, request_deadline_ms"
-RPM_WINDOW_MS = 60_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +42,7 @@ class _Pool:
 
     config: PoolConfig
     governor: GovernorState
+    pace_tat_ms: float = 0.0  # GCRA: when the next paced admission is due
 
     @property
     def learns_rate(self) -> bool:
@@ -51,6 +57,12 @@ class _Pool:
     @property
     def rpm(self) -> int | None:
         return gov.effective_rpm(self.config.rpm, self.governor) if self.learns_rate else None
+
+    @property
+    def pace_interval_ms(self) -> float | None:
+        if not self.learns_rate:
+            return None
+        return gov.pace_interval_ms(self.config.rpm, self.governor)
 
 
 def new_slot_id() -> str:
@@ -67,6 +79,9 @@ def _config(row: Any) -> PoolConfig:
 
 
 def _governor(row: Any, config: PoolConfig) -> GovernorState:
+    hint = None
+    if row[15] is not None:
+        hint = Hint(source=row[15], retry_after_ms=int(row[16]), at_ms=int(row[17]))
     return GovernorState(
         limit=float(row[0]) if row[0] is not None else float(config.limit),
         plateau=row[1],
@@ -75,7 +90,36 @@ def _governor(row: Any, config: PoolConfig) -> GovernorState:
         paused_until_ms=row[4],
         learned_rpm=row[5],
         window_reset_ms=row[6],
+        window_ms=row[7],
+        paused_since_ms=row[8],
+        probe_gap_ms=row[9],
+        next_probe_ms=row[10],
+        ok_hold_ms=row[11],
+        base_hold_ms=row[12],
+        last_success_ms=row[13],
+        hinted_streak=row[14],
+        last_hint=hint,
     )
+
+
+def _governor_values(g: GovernorState) -> tuple[Any, ...]:
+    hint = g.last_hint
+    return (
+        g.limit, g.plateau, g.last_decrease_ms, g.hold_ms, g.paused_until_ms, g.learned_rpm,
+        g.window_reset_ms, g.window_ms, g.paused_since_ms, g.probe_gap_ms, g.next_probe_ms,
+        g.ok_hold_ms, g.base_hold_ms, g.last_success_ms, g.hinted_streak,
+        hint and hint.source, hint and hint.retry_after_ms, hint and hint.at_ms,
+    )
+
+
+_SAVE_GOVERNOR = (
+    f"UPDATE pools SET {', '.join(f + ' = ?' for f in _GOVERNOR_FIELDS)} "
+    "WHERE project = ? AND name = ?"
+)
+
+
+def _save_governor(tx: Tx, project: str, pool: str, g: GovernorState) -> None:
+    tx.execute(_SAVE_GOVERNOR, (*_governor_values(g), project, pool))
 
 
 def _stats(row: Any) -> PoolStats:
@@ -97,8 +141,9 @@ def _slot(row: Any) -> Slot:
 def _pool(row: Any, pool: str) -> _Pool:
     if row is None:
         raise NotFound(f"No pool named {pool!r}.")
-    config = _config(row[:9])
-    return _Pool(config, _governor(row[9:16], config))
+    config = _config(row[:_N_CONFIG])
+    governor = row[_N_CONFIG:_N_CONFIG + _N_GOVERNOR]
+    return _Pool(config, _governor(governor, config), float(governor[-1]))
 
 
 _LOAD_WITH_COUNTS = (
@@ -121,7 +166,8 @@ def load_with_counts(
         _LOAD_WITH_COUNTS,
         (project, pool, tx.now_ms, project, pool, tx.now_ms, ahead, project, pool),
     ).fetchone()
-    return _pool(row, pool), int(row[16]), int(row[17])
+    counts = _N_CONFIG + _N_GOVERNOR
+    return _pool(row, pool), int(row[counts]), int(row[counts + 1])
 
 
 def view(tx: Tx, project: str, pool: str) -> PoolView | None:
@@ -187,7 +233,6 @@ def delete(tx: Tx, project: str, pool: str) -> bool:
         return False
     tx.execute("DELETE FROM slots WHERE project = ? AND pool = ?", (project, pool))
     tx.execute("DELETE FROM slot_waiters WHERE project = ? AND pool = ?", (project, pool))
-    tx.execute("DELETE FROM pool_admissions WHERE project = ? AND pool = ?", (project, pool))
     # Every waiter re-checks, finds the pool gone and answers 404.
     tx.events.append(pool_freed(project, pool, wake_all=True))
     return True
@@ -196,33 +241,23 @@ def delete(tx: Tx, project: str, pool: str) -> bool:
 # --- admission ---------------------------------------------------------------
 
 
-def _rate_wait_ms(tx: Tx, project: str, pool: str, state: _Pool) -> int | None:
-    """How long until the pool may admit again by its pause and its rate."""
-    waits = [gov.pause_remaining_ms(state.governor, tx.now_ms)]
-    rpm = state.rpm
-    if rpm is not None:
-        row = tx.execute(
-            "SELECT COUNT(*), MIN(admitted_ms) FROM pool_admissions "
-            "WHERE project = ? AND pool = ? AND admitted_ms > ?",
-            (project, pool, tx.now_ms - RPM_WINDOW_MS),
-        ).fetchone()
-        waits.append(gov.rpm_wait_ms(int(row[0]), row[1], rpm, tx.now_ms))
-    found = [w for w in waits if w is not None]
-    return max(found) if found else None
-
-
 def _admit(tx: Tx, project: str, pool: str, state: _Pool, used: int) -> SlotAttempt:
-    slot = rules.new_slot(new_slot_id(), pool, state.config, tx.now_ms)
+    now = tx.now_ms
+    slot = rules.new_slot(new_slot_id(), pool, state.config, now)
     tx.execute(
         f"INSERT INTO slots (project, {_SLOT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
         (project, slot.slot_id, pool, slot.acquired_ms, slot.lease_deadline_ms,
          slot.request_deadline_ms),
     )
-    if state.rpm is not None:
+    interval = state.pace_interval_ms
+    if interval is not None:
         tx.execute(
-            "INSERT INTO pool_admissions (project, pool, admitted_ms) VALUES (?, ?, ?)",
-            (project, pool, tx.now_ms),
+            "UPDATE pools SET pace_tat_ms = ? WHERE project = ? AND name = ?",
+            (gov.paced(state.pace_tat_ms, interval, now), project, pool),
         )
+    if gov.probe_wait_ms(state.governor, now) is not None:
+        # Admitted during a pause: this call is a probe; space out the next one.
+        _save_governor(tx, project, pool, gov.after_probe(state.governor, now))
     return SlotAttempt(slot, None, used + 1, state.limit)
 
 
@@ -230,7 +265,12 @@ def _try_admit(
     tx: Tx, project: str, pool: str, state: _Pool, used: int, waiters_ahead: int
 ) -> SlotAttempt:
     """Admit, or a refusal saying when to try again."""
-    blocked_ms = _rate_wait_ms(tx, project, pool, state)
+    now = tx.now_ms
+    g = state.governor
+    paused_until = g.paused_until_ms if gov.pause_remaining_ms(g, now) is not None else None
+    interval = state.pace_interval_ms
+    waits = (gov.probe_wait_ms(g, now), gov.pace_wait_ms(state.pace_tat_ms, interval, now))
+    blocked_ms = max((w for w in waits if w), default=None)
     if blocked_ms is None and rules.may_admit(state.limit, used, waiters_ahead):
         return _admit(tx, project, pool, state, used)
     if blocked_ms is None:
@@ -239,11 +279,15 @@ def _try_admit(
             for row in tx.execute(
                 "SELECT request_deadline_ms FROM slots WHERE project = ? AND pool = ? "
                 "AND lease_deadline_ms > ?",
-                (project, pool, tx.now_ms),
+                (project, pool, now),
             ).fetchall()
         ]
-        blocked_ms = rules.retry_after_ms(deadlines, tx.now_ms, state.governor.hold_ms)
-    return SlotAttempt(None, None, used, state.limit, blocked_ms)
+        blocked_ms = rules.retry_after_ms(deadlines, now, g.hold_ms)
+    elif interval is not None and waiters_ahead:
+        # Each waiter ahead takes one paced turn first: re-checking all at the
+        # next turn would be a stampede of which only the head can win.
+        blocked_ms += int(waiters_ahead * interval)
+    return SlotAttempt(None, None, used, state.limit, blocked_ms, paused_until)
 
 
 def acquire(tx: Tx, project: str, pool: str, wait_alive_ms: int | None) -> SlotAttempt:
@@ -254,8 +298,7 @@ def acquire(tx: Tx, project: str, pool: str, wait_alive_ms: int | None) -> SlotA
     if attempt.slot is not None or wait_alive_ms is None or queued >= state.config.queue_size:
         return attempt
     ticket = _join_line(tx, project, pool, wait_alive_ms)
-    return SlotAttempt(None, ticket, attempt.in_use, attempt.effective_limit,
-                       attempt.retry_after_ms)
+    return replace(attempt, ticket=ticket)
 
 
 def _join_line(tx: Tx, project: str, pool: str, alive_ms: int) -> int:
@@ -278,8 +321,7 @@ def retry_waiter(tx: Tx, project: str, pool: str, ticket: int, alive_ms: int) ->
     state, used, ahead = load_with_counts(tx, project, pool, ticket)
     attempt = _try_admit(tx, project, pool, state, used, ahead)
     if attempt.slot is None:
-        return SlotAttempt(None, ticket, attempt.in_use, attempt.effective_limit,
-                           attempt.retry_after_ms)
+        return replace(attempt, ticket=ticket)
     tx.execute("DELETE FROM slot_waiters WHERE ticket = ?", (ticket,))
     if attempt.in_use < attempt.effective_limit:
         tx.events.append(pool_freed(project, pool))  # room for the next in line too
@@ -314,7 +356,7 @@ def _own_slot(project: str, pool: str, row: Any) -> Slot | None:
 def _load_with_slot(tx: Tx, project: str, pool: str, slot_id: str) -> tuple[_Pool, Slot | None]:
     row = tx.execute(_POOL_AND_SLOT, (slot_id, project, pool)).fetchone()
     state = _pool(row, pool)  # NotFound without the pool
-    return state, _own_slot(project, pool, row[16:])
+    return state, _own_slot(project, pool, row[_N_CONFIG + _N_GOVERNOR:])
 
 
 def renew(tx: Tx, project: str, pool: str, slot_id: str) -> Slot:
@@ -367,14 +409,10 @@ def _learn(
     )
     if learned == state.governor:
         return
-    tx.execute(
-        "UPDATE pools SET gov_limit = ?, gov_plateau = ?, gov_last_decrease_ms = ?, "
-        "gov_hold_ms = ?, paused_until_ms = ?, learned_rpm = ?, window_reset_ms = ? "
-        "WHERE project = ? AND name = ?",
-        (learned.limit, learned.plateau, learned.last_decrease_ms, learned.hold_ms,
-         learned.paused_until_ms, learned.learned_rpm, learned.window_reset_ms, project, pool),
-    )
-    if learned.limit > state.governor.limit or learned.paused_until_ms < tx.now_ms:
+    _save_governor(tx, project, pool, learned)
+    resumed = gov.pause_remaining_ms(state.governor, tx.now_ms) is not None and (
+        gov.pause_remaining_ms(learned, tx.now_ms) is None)
+    if learned.limit > state.governor.limit or resumed:
         tx.events.append(pool_freed(project, pool))
 
 
@@ -392,9 +430,13 @@ def _record_release(tx: Tx, project: str, pool: str, report: SlotReport | None) 
                 sets.append("status_429 = status_429 + 1")
         sets.append("throttled = throttled + ?")
         args.append(report.throttled or 0)
-        if report.retry_after_ms is not None:
+        # The body's hint, else one that came in the reported headers.
+        hint = report.retry_after_ms
+        if hint is None and report.rate is not None:
+            hint = report.rate.retry_after_ms
+        if hint is not None:
             sets.append("last_retry_after_ms = ?")
-            args.append(report.retry_after_ms)
+            args.append(hint)
         sets += ["last_report = ?", "last_reported_ms = ?"]
         args += [report.report_json, tx.now_ms]
     row = tx.execute(
@@ -413,8 +455,7 @@ def _count_reclaimed(tx: Tx, project: str, pool: str, count: int) -> None:
 
 
 def reap(tx: Tx) -> int:
-    """Reclaim slots past their lease deadline, drop dead waiters, forget
-    admissions older than the rate window, and wake pools whose pause ended."""
+    """Reclaim slots past their lease deadline and drop dead waiters."""
     dead = tx.execute(
         "DELETE FROM slots WHERE lease_deadline_ms <= ? RETURNING project, pool",
         (tx.now_ms,),
@@ -431,5 +472,4 @@ def reap(tx: Tx) -> int:
     ).fetchall()
     for project, pool in {(p, n) for p, n in gone}:
         tx.events.append(pool_freed(project, pool))
-    tx.execute("DELETE FROM pool_admissions WHERE admitted_ms <= ?", (tx.now_ms - RPM_WINDOW_MS,))
     return len(dead)
