@@ -99,6 +99,7 @@ class Methods:
     force_release = operation(ops.force_release)
     # pools
     set_pool = operation(ops.set_pool)
+    update_pool = operation(ops.update_pool)
     get_pool = operation(ops.get_pool)
     list_pools = operation(ops.list_pools)
     delete_pool = operation(ops.delete_pool)
