@@ -118,9 +118,9 @@ def test_an_empty_budget_pauses_for_the_most_precise_time():
     state = report(gov.initial(8), Outcome(status=429, rate=spent(None, retry_after_ms=3_000)),
                    T0)
     assert gov.pause_remaining_ms(state, T0) == 3_000
-    # the last call of the window succeeded with remaining 0: pause before a 429
+    # the last call succeeded with remaining 0: pacing spaces the next, no pause
     state = report(gov.initial(8), Outcome(status=200, rate=spent(400)), T0)
-    assert gov.pause_remaining_ms(state, T0) == 400
+    assert gov.pause_remaining_ms(state, T0) is None and state.learned_rpm == 600
 
 
 def test_hinted_throttles_from_several_holders_with_no_success_pause():
@@ -193,8 +193,9 @@ def test_rate_state_teaches_the_quota_and_its_window():
     state = report(gov.initial(8), Outcome(status=200, rate=rate), T0)
     assert state.learned_rpm == 600 and state.window_ms == gov.DEFAULT_WINDOW_MS
     assert state.window_reset_ms == T0 + 4_000
-    assert gov.effective_rpm(1_000, state) == 600
-    assert gov.effective_rpm(None, state) == 600
+    share = gov.LEARNED_PACE_SHARE  # learned rates are paced a little below
+    assert gov.effective_rpm(1_000, state) == round(600 * share)
+    assert gov.effective_rpm(None, state) == round(600 * share)
     assert gov.effective_rpm(300, state) == 300
     assert gov.effective_rpm(None, gov.initial(1)) is None
     # GitHub: 5000 an hour is about 83 a minute, not 5000
@@ -202,8 +203,8 @@ def test_rate_state_teaches_the_quota_and_its_window():
                            request_window_ms=3_600_000)
     state = report(gov.initial(8), Outcome(status=200, rate=hourly), T0)
     assert state.window_ms == 3_600_000
-    assert gov.effective_rpm(None, state) == 83
-    assert gov.pace_interval_ms(None, state) == 720
+    assert gov.effective_rpm(None, state) == round(5_000 / 60 * share)
+    assert gov.pace_interval_ms(None, state) == 720 / share
 
 
 class TestPacing:

@@ -245,7 +245,7 @@ async def test_reported_rate_teaches_a_lower_rpm_and_survives_reopen(store, cloc
 async def test_spent_window_pauses_until_reset(store, clock):
     await store.put_pool(P, "ad", PoolConfig(limit=10, adaptive=True))
     rate = RateLimitInfo(request_limit=60, request_remaining=0, request_reset_ms=3_000)
-    await _hold_and_report(store, "ad", SlotReport(status=200, rate=rate, report_json="{}"), clock)
+    await _hold_and_report(store, "ad", SlotReport(status=429, rate=rate, report_json="{}"), clock)
     refused = await store.acquire_slot(P, "ad", wait_alive_ms=None)
     assert refused.slot is None and refused.paused_until_ms == clock.now + 3_000
     assert refused.retry_after_ms == 1_000  # a probe after one refill interval (60 a minute)

@@ -58,6 +58,10 @@ MIN_PROBE_GAP_MS = 20
 SLOWDOWN_TOLERANCE = 1.5
 BASELINE_DRIFT = 0.01  # the baseline creeps up toward slower holds (service got slower)
 PACE_BURST = 2  # admissions a paced pool may make back to back
+# A learned rate is paced a little below what the upstream states: calls reach
+# it with some jitter, and pacing at exactly its refill rate keeps a
+# continuously refilling budget at zero, where any early arrival is a 429.
+LEARNED_PACE_SHARE = 0.97
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,11 +251,15 @@ def _weigh_hints(
     elif hint is not None:
         state = replace(state, last_hint=replace(hint, at_ms=now_ms))
     if outcome.succeeded:
+        # A success that spent the last call (remaining 0) is no reason to
+        # pause: the rate's pacing spaces the next one, and a refilling budget
+        # would be paused for nothing; a throttle, if it comes, is the evidence.
         state = replace(state, hinted_streak=0, last_success_ms=now_ms)
         admitted_ms = now_ms - (outcome.hold_ms or 0)
         paused = state.paused_until_ms > now_ms
-        if paused and admitted_ms >= state.paused_since_ms and empty_ms is None:
+        if paused and admitted_ms >= state.paused_since_ms:
             return _resume(state)  # a call admitted during the pause got through
+        return state
     if empty_ms is not None:
         return _pause(state, empty_ms if empty_ms > 0 else (hint.retry_after_ms if hint else 0),
                       now_ms)
@@ -321,8 +329,9 @@ def effective_rpm(configured_rpm: int | None, state: GovernorState) -> int | Non
 
 def pace_interval_ms(configured_rpm: int | None, state: GovernorState) -> float | None:
     """The spacing of admissions: the slower of the configured and learned rates."""
+    learned = refill_interval_ms(state)
     intervals = [i for i in (configured_rpm and 60_000 / configured_rpm,
-                             refill_interval_ms(state)) if i]
+                             learned and learned / LEARNED_PACE_SHARE) if i]
     return max(intervals) if intervals else None
 
 
