@@ -44,13 +44,37 @@ def test_other_throttle_signals():
 
 
 def test_success_raises_about_one_per_round_trip_and_never_past_the_limit():
-    state = GovernorState(limit=10.0)
+    state = GovernorState(limit=10.0, last_decrease_ms=T0)  # no latency probe due
     for i in range(10):
         state = report(state, OK, T0 + i)
     assert math.isclose(state.limit, 11.0, rel_tol=0.01)
     for i in range(1000):
         state = report(state, OK, T0 + i)
     assert state.limit == 20  # the configured limit is the ceiling
+
+
+def test_a_latency_probe_keeps_the_lower_limit_when_calls_get_faster():
+    # Everything admitted at once: every call is slow, there is no faster reference.
+    state = report(GovernorState(limit=40.0), Outcome(status=200, hold_ms=3_000), T0, configured=40)
+    assert state.probe_since_ms == T0 and state.limit == 40 * gov.PROBE_SHARE
+    # still slow: admitted before the probe, it says nothing
+    state = report(state, Outcome(status=200, hold_ms=3_000), T0 + 500, configured=40)
+    assert state.probe_since_ms == T0 and state.limit == 20
+    # admitted during the probe, and much faster: the upstream was congested
+    state = report(state, Outcome(status=200, hold_ms=1_000), T0 + 1_200, configured=40)
+    assert state.probe_since_ms == 0 and state.limit < 20.2
+    assert state.base_hold_ms == 1_000
+
+
+def test_a_latency_probe_is_undone_when_calls_are_no_faster():
+    state = report(GovernorState(limit=40.0), Outcome(status=200, hold_ms=200), T0, configured=40)
+    assert state.limit == 20
+    state = report(state, Outcome(status=200, hold_ms=210), T0 + 300, configured=40)
+    assert state.probe_since_ms == 0 and state.limit >= 40
+    # and the next probe waits PROBE_EVERY_MS
+    state = report(state, Outcome(status=200, hold_ms=200), T0 + gov.PROBE_EVERY_MS - 1,
+                   configured=40)
+    assert state.limit >= 40 and state.probe_since_ms == 0
 
 
 def test_never_below_min_limit():

@@ -56,7 +56,17 @@ EMPTY_AFTER_ROUND_TRIPS = 2.0
 MIN_PROBE_GAP_MS = 20
 # Successful holds this much longer than the unloaded baseline mean congestion.
 SLOWDOWN_TOLERANCE = 1.5
-BASELINE_DRIFT = 0.01  # the baseline creeps up toward slower holds (service got slower)
+# The baseline creeps up toward slower holds with this time constant, so that
+# a service that really got slower is not taken for congestion for ever.
+BASELINE_DRIFT_MS = 30_000
+# A pool that admits everything at once never sees an unloaded call, so the
+# baseline may itself be congested. As BBR's ProbeRTT, after PROBE_EVERY_MS
+# without a decrease the limit halves for a round trip: if calls admitted then
+# are much faster (PROBE_FASTER), the upstream was congested and the lower
+# limit stays; otherwise the limit is restored at once.
+PROBE_EVERY_MS = 10_000
+PROBE_SHARE = 0.5
+PROBE_FASTER = 0.8
 PACE_BURST = 2  # admissions a paced pool may make back to back
 # A learned rate is paced a little below what the upstream states: calls reach
 # it with some jitter, and pacing at exactly its refill rate keeps a
@@ -134,6 +144,8 @@ class GovernorState:
     last_success_ms: int = 0
     hinted_streak: int = 0  # hinted throttles reported since the last success
     last_hint: Hint | None = None
+    probe_since_ms: int = 0  # a latency probe (halved limit) under way since then
+    probe_hold_ms: float | None = None  # the successful hold time before that probe
 
 
 def initial(limit: int) -> GovernorState:
@@ -175,10 +187,42 @@ def on_report(
         # (pacing and the pause answer it), not the concurrency's.
         return state if empty_ms is not None else _decrease(state, now_ms, min_limit)
     if outcome.succeeded:
+        state = _judge_probe(state, outcome, now_ms)
         if _slowed_down(state):
             return _decrease(state, now_ms, min_limit)
+        if _probe_due(state, now_ms, min_limit):
+            return _probe_down(state, now_ms, min_limit)
+        if state.probe_since_ms:
+            return state  # hold the probe's limit until it is judged
         return _increase(state, now_ms, configured)
     return state  # a 5xx that is not throttling says nothing about capacity
+
+
+def _probe_due(state: GovernorState, now_ms: int, min_limit: int) -> bool:
+    return (state.probe_since_ms == 0 and state.ok_hold_ms is not None
+            and state.limit * PROBE_SHARE >= min_limit
+            and now_ms - state.last_decrease_ms >= PROBE_EVERY_MS)
+
+
+def _probe_down(state: GovernorState, now_ms: int, min_limit: int) -> GovernorState:
+    return replace(state, plateau=state.limit,
+                   limit=max(float(min_limit), state.limit * PROBE_SHARE),
+                   last_decrease_ms=now_ms, probe_since_ms=now_ms,
+                   probe_hold_ms=state.ok_hold_ms)
+
+
+def _judge_probe(state: GovernorState, outcome: Outcome, now_ms: int) -> GovernorState:
+    """The first success admitted during a latency probe ends it: faster calls
+    keep the lower limit (and teach the baseline); otherwise restore it."""
+    if state.probe_since_ms == 0 or outcome.hold_ms is None:
+        return state
+    if now_ms - outcome.hold_ms < state.probe_since_ms:
+        return state  # admitted before the probe: says nothing yet
+    before = state.probe_hold_ms
+    ended = replace(state, probe_since_ms=0, probe_hold_ms=None)
+    if before is not None and outcome.hold_ms <= PROBE_FASTER * before:
+        return ended
+    return replace(ended, limit=max(state.limit, state.plateau or state.limit))
 
 
 def _ewma(previous: float | None, sample: float) -> float:
@@ -195,8 +239,9 @@ def _observe_hold(state: GovernorState, outcome: Outcome, now_ms: int) -> Govern
     base = state.base_hold_ms
     if base is None or hold < base:
         base = float(hold)
-    else:
-        base += BASELINE_DRIFT * (hold - base)
+    elif state.last_success_ms:
+        since = max(0, now_ms - state.last_success_ms)
+        base += min(1.0, since / BASELINE_DRIFT_MS) * (hold - base)
     return replace(state, ok_hold_ms=_ewma(state.ok_hold_ms, hold), base_hold_ms=base)
 
 

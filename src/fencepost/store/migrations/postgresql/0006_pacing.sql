@@ -16,5 +16,7 @@ ALTER TABLE pools ADD COLUMN hinted_streak BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE pools ADD COLUMN hint_source TEXT;
 ALTER TABLE pools ADD COLUMN hint_retry_after_ms BIGINT;
 ALTER TABLE pools ADD COLUMN hint_at_ms BIGINT;
+ALTER TABLE pools ADD COLUMN probe_since_ms BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE pools ADD COLUMN gov_probe_hold_ms DOUBLE PRECISION;
 
 DROP TABLE pool_admissions;

@@ -16,5 +16,7 @@ ALTER TABLE pools ADD COLUMN hinted_streak INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE pools ADD COLUMN hint_source TEXT;
 ALTER TABLE pools ADD COLUMN hint_retry_after_ms INTEGER;
 ALTER TABLE pools ADD COLUMN hint_at_ms INTEGER;
+ALTER TABLE pools ADD COLUMN probe_since_ms INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE pools ADD COLUMN gov_probe_hold_ms REAL;
 
 DROP TABLE pool_admissions;
