@@ -6,6 +6,13 @@ the upstream, side by side, on a freshly reset upstream each:
     fixed      a fencepost pool with a fixed limit (16) plus that client backoff
     adaptive   a fencepost pool with `adaptive: true` (limit 50), no client backoff
 
+and, for the upstreams with a concurrency cap, a reference that is not a
+strategy: `told`, a pool configured with the upstream's true limits (changed
+with PATCH when they change) plus the client backoff. It shows what the
+harness reaches through any pool: a slot is held a little longer than the
+upstream call (the release, then the next admission, are round trips to
+fencepost), so a pool at the true cap leaves the upstream idle that long.
+
     .venv/bin/python bench/adaptive/family.py [--quick] [--only KIND,KIND] [--strategies ...]
 
 Windows are scaled down in time so that a run fits in minutes: a "minute" of
@@ -38,7 +45,7 @@ import secrets
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +55,8 @@ ROOT = BENCH.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(BENCH))
 
+from providers import KINDS  # noqa: E402
+
 WORKERS = 50
 FIXED_LIMIT = 16
 ADAPTIVE_LIMIT = 50
@@ -55,7 +64,7 @@ POLL_S = 0.25
 ROLLING_S = 3.0
 GOODPUT_OK = 0.90
 THROTTLED_OK = 0.05
-STRATEGIES = ("direct", "fixed", "adaptive")
+STRATEGIES = ("direct", "fixed", "adaptive", "told")
 
 
 @dataclass(frozen=True)
@@ -82,6 +91,14 @@ PLANS = (
          ((20.0, {"concurrency": 4}), (40.0, {"concurrency": 8}))),
     Plan("slowdown", "never 429s; past 8 in progress every call gets slower", 30, 10),
 )
+
+
+def told_config(limits: dict[str, Any]) -> dict[str, Any]:
+    """The pool configuration that knows an upstream's true limits."""
+    config: dict[str, Any] = {"limit": limits.get("concurrency") or ADAPTIVE_LIMIT}
+    if limits.get("quota"):
+        config["rpm"] = round(limits["quota"] * 60 / limits["window_s"])
+    return config
 
 
 @dataclass
@@ -151,7 +168,7 @@ async def run_one(plan: Plan, strategy: str, stack: Stack, upstream: str, scale:
     clients = make_clients(WORKERS)
     run = Run(plan.kind, strategy)
     try:
-        base = (await upstream_admin(http, upstream, "stats"))["limits"]
+        base = asdict(KINDS[plan.kind])  # as the kind starts, whatever the last run changed
         await upstream_admin(http, upstream, "limits",
                              {k: base[k] for k in ("concurrency", "quota") if base[k]})
         await upstream_admin(http, upstream, "reset")
@@ -159,6 +176,10 @@ async def run_one(plan: Plan, strategy: str, stack: Stack, upstream: str, scale:
         url = f"{upstream}/work"
         if strategy == "direct":
             job = direct_job(clients, url, seed=seed)
+        elif strategy == "told":
+            await configure_pool(http, stack.fencepost_url, stack.admin_key, pool,
+                                 **told_config(base))
+            job = pool_job(clients, stack.fencepost_url, stack.admin_key, pool, url, seed=seed)
         else:
             adaptive = strategy == "adaptive"
             await configure_pool(http, stack.fencepost_url, stack.admin_key, pool,
@@ -185,8 +206,14 @@ async def run_one(plan: Plan, strategy: str, stack: Stack, upstream: str, scale:
         async def change_limits() -> None:
             for at, limits in changes:
                 await asyncio.sleep(max(0.0, t0 + at - time.monotonic()))
-                caps.append(float((await upstream_admin(http, upstream, "limits",
-                                                        limits))["capacity_rps"]))
+                stats = await upstream_admin(http, upstream, "limits", limits)
+                caps.append(float(stats["capacity_rps"]))
+                if strategy == "told":  # told of the change at once, with PATCH
+                    response = await http.patch(
+                        f"{stack.fencepost_url}/v1/pools/{pool}",
+                        json=told_config(stats["limits"]),
+                        headers={"Authorization": f"Bearer {stack.admin_key}"})
+                    response.raise_for_status()
 
         async def poll() -> None:
             if strategy == "direct":
@@ -290,7 +317,7 @@ def verdict(rows: list[dict[str, Any]]) -> str:
         misses.append("goodput < 90 %")
     if a["throttled_share"] > THROTTLED_OK:
         misses.append("throttled > 5 %")
-    for name in ("direct", "fixed"):
+    for name in ("direct", "fixed"):  # the baselines; `told` is a reference
         b = by.get(name)
         if b is None:
             continue
@@ -336,7 +363,8 @@ def verdicts(results: dict[str, list[dict[str, Any]]]) -> str:
 # --- charts --------------------------------------------------------------------------------------
 
 
-COLOURS = {"direct": "tab:red", "fixed": "tab:orange", "adaptive": "tab:blue"}
+COLOURS = {"direct": "tab:red", "fixed": "tab:orange", "adaptive": "tab:blue",
+           "told": "tab:gray"}
 
 
 def chart(plan: Plan, runs: list[Run], path: Path) -> None:
@@ -346,6 +374,7 @@ def chart(plan: Plan, runs: list[Run], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax_good, ax_thr, ax_lim) = plt.subplots(3, 1, figsize=(9, 7.5), sharex=True)
+    ax_rate = ax_lim.twinx()
     for run in runs:
         end = run.phases[-1][1]
         n = int(math.ceil(end))
@@ -364,8 +393,8 @@ def chart(plan: Plan, runs: list[Run], path: Path) -> None:
             ax_lim.step(ts, [s[1] for s in run.samples], where="post", color=colour,
                         label=f"{run.strategy}: effective limit")
             if any(s[2] for s in run.samples):
-                ax_lim.step(ts, [(s[2] or 0) / 60 for s in run.samples], where="post",
-                            color=colour, linestyle=":", label=f"{run.strategy}: paced rate /s")
+                ax_rate.step(ts, [(s[2] or 0) / 60 for s in run.samples], where="post",
+                             color=colour, linestyle=":", label=f"{run.strategy}: paced rate")
             for t, _, _, paused in run.samples:
                 if paused:
                     ax_lim.axvspan(t, t + POLL_S, color=colour, alpha=0.15, linewidth=0)
@@ -375,7 +404,10 @@ def chart(plan: Plan, runs: list[Run], path: Path) -> None:
                        label="true capacity" if start == 0 else None)
     ax_good.set_ylabel("goodput (calls/s)")
     ax_thr.set_ylabel("throttled (429/s)")
-    ax_lim.set_ylabel("pool: limit, rate")
+    ax_lim.set_ylabel("pool: effective limit")
+    ax_rate.set_ylabel("pool: paced rate (calls/s, dotted)")
+    if ax_rate.lines:
+        ax_rate.legend(fontsize=7, loc="center right")
     ax_lim.set_xlabel("seconds (shaded: adaptive pool paused)")
     ax_good.set_title(f"{plan.kind}: {plan.title}", fontsize=10)
     for ax in (ax_good, ax_thr, ax_lim):
@@ -395,7 +427,7 @@ def _load() -> list[float]:
 
 async def family(args: argparse.Namespace, stack: Stack) -> tuple[dict[str, Any], list[Run]]:
     kinds = args.only.split(",") if args.only else [p.kind for p in PLANS]
-    strategies = args.strategies.split(",")
+    chosen = args.strategies.split(",")
     plans = [p for p in PLANS if p.kind in kinds]
     results: dict[str, list[dict[str, Any]]] = {}
     runs: list[Run] = []
@@ -403,7 +435,8 @@ async def family(args: argparse.Namespace, stack: Stack) -> tuple[dict[str, Any]
     for plan in plans:
         proc, upstream = stack.upstream(plan.kind, args.seed)
         try:
-            for strategy in strategies:
+            capped = KINDS[plan.kind].concurrency is not None
+            for strategy in [c for c in chosen if c != "told" or capped]:
                 run = await run_one(plan, strategy, stack, upstream, args.scale, args.seed)
                 runs.append(run)
                 row = analyse(run, plan, args.scale)
