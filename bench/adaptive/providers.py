@@ -44,13 +44,10 @@ import random
 import time
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import uvicorn
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
 
 
 @dataclass
@@ -248,6 +245,12 @@ def go_duration(seconds: float) -> str:
 
 
 def create_app(upstream: Upstream) -> Starlette:
+    # Imported here: the limits and headers above need nothing beyond the stdlib.
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
     async def work(request: Request) -> Response:
         admitted = upstream.admit()
         if isinstance(admitted, str):
@@ -288,6 +291,8 @@ def create_app(upstream: Upstream) -> Starlette:
 
 
 def main(argv: list[str] | None = None) -> None:
+    import uvicorn
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--kind", choices=sorted(KINDS), required=True)
     parser.add_argument("--host", default="127.0.0.1")

@@ -4,14 +4,13 @@ survives a restart."""
 
 from __future__ import annotations
 
+import math
 import time
 
-import math
-
 import httpx
+from support import ServerProcess, unique_name
 
 from fencepost.core.governor import BETA, LEARNED_PACE_SHARE
-from support import ServerProcess, unique_name
 
 LOWERED = math.floor(10 * BETA)  # one throttle report on a pool of limit 10
 
