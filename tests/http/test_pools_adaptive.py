@@ -210,3 +210,14 @@ def test_freed_slots_go_to_every_waiter_promptly(server: ServerProcess) -> None:
     assert len(admitted) == 3
     # Far below the 1 s safety-net re-check that a lost wake-up falls back to.
     assert max(admitted) - released_at < 0.8
+
+
+def test_turning_adaptive_off_with_patch_ends_a_pause(server: ServerProcess) -> None:
+    with server.client() as client:
+        pool = make_pool(client, limit=10, adaptive=True)
+        cycle(client, pool, {"status": 429, "headers": SPENT})
+        assert client.post(f"/v1/pools/{pool}/lock/acquire").status_code == 429
+        patched = client.patch(f"/v1/pools/{pool}", json={"adaptive": False})
+        assert patched.status_code == 200 and patched.json()["limit"] == 10
+        got = client.post(f"/v1/pools/{pool}/lock/acquire")
+        assert got.status_code == 200 and got.headers["X-Effective-Limit"] == "10"

@@ -258,7 +258,7 @@ def _admit(tx: Tx, project: str, pool: str, state: _Pool, used: int) -> SlotAtte
             "UPDATE pools SET pace_tat_ms = ? WHERE project = ? AND name = ?",
             (gov.paced(state.pace_tat_ms, interval, now), project, pool),
         )
-    if gov.probe_wait_ms(state.governor, now) is not None:
+    if state.learns_rate and gov.probe_wait_ms(state.governor, now) is not None:
         # Admitted during a pause: this call is a probe; space out the next one.
         _save_governor(tx, project, pool, gov.after_probe(state.governor, now))
     return SlotAttempt(slot, None, used + 1, state.limit)
@@ -270,9 +270,12 @@ def _try_admit(
     """Admit, or a refusal saying when to try again."""
     now = tx.now_ms
     g = state.governor
-    paused_until = g.paused_until_ms if gov.pause_remaining_ms(g, now) is not None else None
+    # A pause learned while the pool was adaptive or rated ends with that.
+    paused = state.learns_rate and gov.pause_remaining_ms(g, now) is not None
+    paused_until = g.paused_until_ms if paused else None
     interval = state.pace_interval_ms
-    waits = (gov.probe_wait_ms(g, now), gov.pace_wait_ms(state.pace_tat_ms, interval, now))
+    probe_ms = gov.probe_wait_ms(g, now) if paused else None
+    waits = (probe_ms, gov.pace_wait_ms(state.pace_tat_ms, interval, now))
     blocked_ms = max((w for w in waits if w), default=None)
     if blocked_ms is None and rules.may_admit(state.limit, used, waiters_ahead):
         return _admit(tx, project, pool, state, used)
