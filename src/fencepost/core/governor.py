@@ -71,7 +71,7 @@ PACE_BURST = 2  # admissions a paced pool may make back to back
 # A learned rate is paced a little below what the upstream states: calls reach
 # it with some jitter, and pacing at exactly its refill rate keeps a
 # continuously refilling budget at zero, where any early arrival is a 429.
-LEARNED_PACE_SHARE = 0.97
+LEARNED_PACE_SHARE = 0.99
 
 
 @dataclass(frozen=True, slots=True)
