@@ -55,7 +55,8 @@ def test_success_raises_about_one_per_round_trip_and_never_past_the_limit():
 
 def test_a_latency_probe_keeps_the_lower_limit_when_calls_get_faster():
     # Everything admitted at once: every call is slow, there is no faster reference.
-    state = report(GovernorState(limit=40.0), Outcome(status=200, hold_ms=3_000), T0, configured=40)
+    quiet = GovernorState(limit=40.0, last_decrease_ms=T0 - gov.PROBE_EVERY_MS)  # long ago
+    state = report(quiet, Outcome(status=200, hold_ms=3_000), T0, configured=40)
     assert state.probe_since_ms == T0 and state.limit == 40 * gov.PROBE_SHARE
     # still slow: admitted before the probe, it says nothing
     state = report(state, Outcome(status=200, hold_ms=3_000), T0 + 500, configured=40)
@@ -67,7 +68,8 @@ def test_a_latency_probe_keeps_the_lower_limit_when_calls_get_faster():
 
 
 def test_a_latency_probe_is_undone_when_calls_are_no_faster():
-    state = report(GovernorState(limit=40.0), Outcome(status=200, hold_ms=200), T0, configured=40)
+    quiet = GovernorState(limit=40.0, last_decrease_ms=T0 - gov.PROBE_EVERY_MS)
+    state = report(quiet, Outcome(status=200, hold_ms=200), T0, configured=40)
     assert state.limit == 20
     state = report(state, Outcome(status=200, hold_ms=210), T0 + 300, configured=40)
     assert state.probe_since_ms == 0 and state.limit >= 40
@@ -256,17 +258,35 @@ class TestPacing:
         assert tat == T0 + 60_100
 
 
-def test_a_slowing_upstream_counts_as_congestion():
-    state = gov.initial(20)
-    now = T0
+def test_a_slowing_upstream_counts_as_congestion_once_a_probe_proved_it():
+    quiet = GovernorState(limit=40.0, last_decrease_ms=T0 - gov.PROBE_EVERY_MS)
+    state = report(quiet, Outcome(status=200, hold_ms=600), T0, configured=40)  # probe: 20
+    now = T0 + 300
+    state = report(state, Outcome(status=200, hold_ms=250), now, configured=40)
+    assert state.latency_bound and state.limit == 20  # faster at a lower limit
     for _ in range(20):  # unloaded: 100 ms calls
         now += 10
-        state = report(state, Outcome(status=200, hold_ms=100), now)
-    assert state.limit == 20
+        state = report(state, Outcome(status=200, hold_ms=100), now, configured=40)
+    before = state.limit
     for _ in range(20):  # calls now take three times as long, and never 429
         now += 10
+        state = report(state, Outcome(status=200, hold_ms=300), now, configured=40)
+    assert state.limit < before and state.plateau is not None
+
+
+def test_a_service_slower_for_everyone_is_not_congestion():
+    quiet = GovernorState(limit=20.0, last_decrease_ms=T0 - gov.PROBE_EVERY_MS)
+    state = report(quiet, Outcome(status=200, hold_ms=100), T0)  # probe: 10
+    state = report(state, Outcome(status=200, hold_ms=100), T0 + 200)  # no faster
+    assert not state.latency_bound and state.limit >= 20
+    now = T0 + 200
+    for _ in range(150):  # every call three times as long, at any limit
+        now += 10
         state = report(state, Outcome(status=200, hold_ms=300), now)
-    assert state.limit < 20 and state.plateau is not None
+    # slow calls were suspect; a probe found them no faster at half the limit:
+    # the limit is back, and the slower time is the new baseline
+    assert state.limit == 20 and not state.latency_bound and state.probe_since_ms == 0
+    assert state.base_hold_ms == 300
 
 
 def test_hold_time_is_averaged():

@@ -12,8 +12,9 @@ succeed, multiply by BETA when the upstream throttles. Refinements:
   PLATEAU_MS after a decrease the limit climbs back quickly to one slot below
   that point and crosses that last slot slowly;
 - an upstream that never throttles but slows down (latency grows with calls in
-  progress) is read from the hold time: successful holds much longer than the
-  pool's unloaded baseline count as congestion, as in TCP Vegas.
+  progress) is read from the hold time: once a latency probe (below) showed
+  that calls get faster at a lower limit, successful holds much longer than
+  the pool's unloaded baseline count as congestion, as in TCP Vegas.
 
 Retry hints are evidence, not orders. A throttle that names no empty budget
 (a 429 with a whole-second Retry-After and no rate headers is what a cap on
@@ -54,11 +55,13 @@ DEFAULT_WINDOW_MS = 60_000  # a rate whose window the headers do not state is pe
 EMPTY_STREAK = 3
 EMPTY_AFTER_ROUND_TRIPS = 2.0
 MIN_PROBE_GAP_MS = 20
-# Successful holds this much longer than the unloaded baseline mean congestion.
-SLOWDOWN_TOLERANCE = 1.5
+# Once a probe showed that the upstream's latency grows with the calls in
+# progress, successful holds this much longer than the unloaded baseline mean
+# congestion. (Without that proof a slower call may be a slower service.)
+SLOWDOWN_TOLERANCE = 1.3
 # The baseline creeps up toward slower holds with this time constant, so that
 # a service that really got slower is not taken for congestion for ever.
-BASELINE_DRIFT_MS = 30_000
+BASELINE_DRIFT_MS = 60_000
 # A pool that admits everything at once never sees an unloaded call, so the
 # baseline may itself be congested. As BBR's ProbeRTT, after PROBE_EVERY_MS
 # without a decrease the limit halves for a round trip: if calls admitted then
@@ -146,6 +149,7 @@ class GovernorState:
     last_hint: Hint | None = None
     probe_since_ms: int = 0  # a latency probe (halved limit) under way since then
     probe_hold_ms: float | None = None  # the successful hold time before that probe
+    latency_bound: bool = False  # the last probe found calls faster at a lower limit
 
 
 def initial(limit: int) -> GovernorState:
@@ -189,9 +193,13 @@ def on_report(
     if outcome.succeeded:
         state = _judge_probe(state, outcome, now_ms)
         if _slowed_down(state):
-            return _decrease(state, now_ms, min_limit)
+            # In proportion to the slowdown (as Netflix's gradient limit), so a
+            # deep overload is shed in a round trip or two, not ten.
+            assert state.ok_hold_ms is not None and state.base_hold_ms is not None
+            share = SLOWDOWN_TOLERANCE * state.base_hold_ms / state.ok_hold_ms
+            return _decrease(state, now_ms, min_limit, max(PROBE_SHARE, min(BETA, share)))
         if _probe_due(state, now_ms, min_limit):
-            return _probe_down(state, now_ms, min_limit)
+            return _probe_down(state, now_ms, min_limit, outcome.hold_ms)
         if state.probe_since_ms:
             return state  # hold the probe's limit until it is judged
         return _increase(state, now_ms, configured)
@@ -199,16 +207,28 @@ def on_report(
 
 
 def _probe_due(state: GovernorState, now_ms: int, min_limit: int) -> bool:
-    return (state.probe_since_ms == 0 and state.ok_hold_ms is not None
-            and state.limit * PROBE_SHARE >= min_limit
-            and now_ms - state.last_decrease_ms >= PROBE_EVERY_MS)
+    """Probe every PROBE_EVERY_MS without a decrease, and sooner (one round trip
+    after the last change) when calls are slow for a reason not yet known."""
+    if state.probe_since_ms or state.ok_hold_ms is None or state.limit * PROBE_SHARE < min_limit:
+        return False
+    quiet_ms = now_ms - state.last_decrease_ms
+    base = state.base_hold_ms
+    suspect = (not state.latency_bound and base is not None
+               and state.ok_hold_ms > SLOWDOWN_TOLERANCE * base)
+    # (A pool that never decreased has nothing to compare with yet but suspicion.)
+    periodic = state.last_decrease_ms > 0 and quiet_ms >= PROBE_EVERY_MS
+    return periodic or (suspect and quiet_ms >= 2 * state.ok_hold_ms)
 
 
-def _probe_down(state: GovernorState, now_ms: int, min_limit: int) -> GovernorState:
+def _probe_down(
+    state: GovernorState, now_ms: int, min_limit: int, hold_ms: int | None
+) -> GovernorState:
+    # The reference: the latest hold when the average still lags behind it.
+    reference = max(state.ok_hold_ms or 0.0, float(hold_ms or 0))
     return replace(state, plateau=state.limit,
                    limit=max(float(min_limit), state.limit * PROBE_SHARE),
                    last_decrease_ms=now_ms, probe_since_ms=now_ms,
-                   probe_hold_ms=state.ok_hold_ms)
+                   probe_hold_ms=reference)
 
 
 def _judge_probe(state: GovernorState, outcome: Outcome, now_ms: int) -> GovernorState:
@@ -217,12 +237,18 @@ def _judge_probe(state: GovernorState, outcome: Outcome, now_ms: int) -> Governo
     if state.probe_since_ms == 0 or outcome.hold_ms is None:
         return state
     if now_ms - outcome.hold_ms < state.probe_since_ms:
-        return state  # admitted before the probe: says nothing yet
+        # Admitted before the probe, at the higher limit: the reference to beat.
+        return replace(state, probe_hold_ms=max(state.probe_hold_ms or 0.0,
+                                                float(outcome.hold_ms)))
     before = state.probe_hold_ms
     ended = replace(state, probe_since_ms=0, probe_hold_ms=None)
     if before is not None and outcome.hold_ms <= PROBE_FASTER * before:
-        return ended
-    return replace(ended, limit=max(state.limit, state.plateau or state.limit))
+        return replace(ended, latency_bound=True)
+    # No faster at the lower limit: the service is this slow. Restore the limit,
+    # and take this as the baseline so that slowness alone is not suspect.
+    base = max(state.base_hold_ms or 0.0, float(outcome.hold_ms))
+    return replace(ended, latency_bound=False, base_hold_ms=base,
+                   limit=max(state.limit, state.plateau or state.limit))
 
 
 def _ewma(previous: float | None, sample: float) -> float:
@@ -247,16 +273,19 @@ def _observe_hold(state: GovernorState, outcome: Outcome, now_ms: int) -> Govern
 
 def _slowed_down(state: GovernorState) -> bool:
     ok, base = state.ok_hold_ms, state.base_hold_ms
-    return ok is not None and base is not None and base > 0 and ok > SLOWDOWN_TOLERANCE * base
+    return (state.latency_bound and ok is not None and base is not None and base > 0
+            and ok > SLOWDOWN_TOLERANCE * base)
 
 
-def _decrease(state: GovernorState, now_ms: int, min_limit: int) -> GovernorState:
+def _decrease(
+    state: GovernorState, now_ms: int, min_limit: int, factor: float = BETA
+) -> GovernorState:
     if now_ms - state.last_decrease_ms < round_trip_ms(state):
         return state  # the same overload, already answered
     return replace(
         state,
         plateau=state.limit,
-        limit=max(float(min_limit), state.limit * BETA),
+        limit=max(float(min_limit), state.limit * factor),
         last_decrease_ms=now_ms,
     )
 

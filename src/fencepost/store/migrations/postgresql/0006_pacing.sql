@@ -18,5 +18,6 @@ ALTER TABLE pools ADD COLUMN hint_retry_after_ms BIGINT;
 ALTER TABLE pools ADD COLUMN hint_at_ms BIGINT;
 ALTER TABLE pools ADD COLUMN probe_since_ms BIGINT NOT NULL DEFAULT 0;
 ALTER TABLE pools ADD COLUMN gov_probe_hold_ms DOUBLE PRECISION;
+ALTER TABLE pools ADD COLUMN latency_bound INTEGER NOT NULL DEFAULT 0;
 
 DROP TABLE pool_admissions;
