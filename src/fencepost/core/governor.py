@@ -58,10 +58,11 @@ MIN_PROBE_GAP_MS = 20
 # Once a probe showed that the upstream's latency grows with the calls in
 # progress, successful holds this much longer than the unloaded baseline mean
 # congestion. (Without that proof a slower call may be a slower service.)
-SLOWDOWN_TOLERANCE = 1.3
+SLOWDOWN_TOLERANCE = 1.4
 # The baseline creeps up toward slower holds with this time constant, so that
 # a service that really got slower is not taken for congestion for ever.
 BASELINE_DRIFT_MS = 60_000
+BASELINE_DOWN = 0.3
 # A pool that admits everything at once never sees an unloaded call, so the
 # baseline may itself be congested. As BBR's ProbeRTT, after PROBE_EVERY_MS
 # without a decrease the limit halves for a round trip: if calls admitted then
@@ -69,7 +70,7 @@ BASELINE_DRIFT_MS = 60_000
 # limit stays; otherwise the limit is restored at once.
 PROBE_EVERY_MS = 10_000
 PROBE_SHARE = 0.5
-PROBE_FASTER = 0.8
+PROBE_FASTER = 0.7
 PACE_BURST = 2  # admissions a paced pool may make back to back
 # A learned rate is paced a little below what the upstream states: calls reach
 # it with some jitter, and pacing at exactly its refill rate keeps a
@@ -199,7 +200,7 @@ def on_report(
             share = SLOWDOWN_TOLERANCE * state.base_hold_ms / state.ok_hold_ms
             return _decrease(state, now_ms, min_limit, max(PROBE_SHARE, min(BETA, share)))
         if _probe_due(state, now_ms, min_limit):
-            return _probe_down(state, now_ms, min_limit, outcome.hold_ms)
+            return _probe_down(state, now_ms, min_limit)
         if state.probe_since_ms:
             return state  # hold the probe's limit until it is judged
         return _increase(state, now_ms, configured)
@@ -220,15 +221,11 @@ def _probe_due(state: GovernorState, now_ms: int, min_limit: int) -> bool:
     return periodic or (suspect and quiet_ms >= 2 * state.ok_hold_ms)
 
 
-def _probe_down(
-    state: GovernorState, now_ms: int, min_limit: int, hold_ms: int | None
-) -> GovernorState:
-    # The reference: the latest hold when the average still lags behind it.
-    reference = max(state.ok_hold_ms or 0.0, float(hold_ms or 0))
+def _probe_down(state: GovernorState, now_ms: int, min_limit: int) -> GovernorState:
     return replace(state, plateau=state.limit,
                    limit=max(float(min_limit), state.limit * PROBE_SHARE),
                    last_decrease_ms=now_ms, probe_since_ms=now_ms,
-                   probe_hold_ms=reference)
+                   probe_hold_ms=state.ok_hold_ms)
 
 
 def _judge_probe(state: GovernorState, outcome: Outcome, now_ms: int) -> GovernorState:
@@ -237,13 +234,16 @@ def _judge_probe(state: GovernorState, outcome: Outcome, now_ms: int) -> Governo
     if state.probe_since_ms == 0 or outcome.hold_ms is None:
         return state
     if now_ms - outcome.hold_ms < state.probe_since_ms:
-        # Admitted before the probe, at the higher limit: the reference to beat.
+        # Admitted before the probe, at the higher limit: the reference to beat
+        # is their average (a lone slow call is noise, not a reference).
         return replace(state, probe_hold_ms=max(state.probe_hold_ms or 0.0,
-                                                float(outcome.hold_ms)))
+                                                state.ok_hold_ms or 0.0))
     before = state.probe_hold_ms
     ended = replace(state, probe_since_ms=0, probe_hold_ms=None)
     if before is not None and outcome.hold_ms <= PROBE_FASTER * before:
-        return replace(ended, latency_bound=True)
+        # Measured at the lower limit: the baseline is at most this.
+        base = min(state.base_hold_ms or math.inf, float(outcome.hold_ms))
+        return replace(ended, latency_bound=True, base_hold_ms=base)
     # No faster at the lower limit: the service is this slow. Restore the limit,
     # and take this as the baseline so that slowness alone is not suspect.
     base = max(state.base_hold_ms or 0.0, float(outcome.hold_ms))
@@ -263,8 +263,11 @@ def _observe_hold(state: GovernorState, outcome: Outcome, now_ms: int) -> Govern
     if not outcome.succeeded:
         return state
     base = state.base_hold_ms
-    if base is None or hold < base:
+    if base is None:
         base = float(hold)
+    elif hold < base:
+        # Part of the way down: a low percentile of holds, not one lucky call.
+        base += BASELINE_DOWN * (hold - base)
     elif state.last_success_ms:
         since = max(0, now_ms - state.last_success_ms)
         base += min(1.0, since / BASELINE_DRIFT_MS) * (hold - base)
