@@ -151,6 +151,7 @@ class GovernorState:
     probe_since_ms: int = 0  # a latency probe (halved limit) under way since then
     probe_hold_ms: float | None = None  # the successful hold time before that probe
     latency_bound: bool = False  # the last probe found calls faster at a lower limit
+    last_throttle_ms: int = 0  # when a holder last reported a throttle
 
 
 def initial(limit: int) -> GovernorState:
@@ -188,6 +189,10 @@ def on_report(
     if not adaptive:
         return state
     if outcome.was_throttled:
+        # An upstream that throttles states its limits by 429s: latency is no
+        # evidence then, and a latency probe under way is moot.
+        state = replace(state, last_throttle_ms=now_ms, latency_bound=False,
+                        probe_since_ms=0, probe_hold_ms=None)
         # A throttle that says the shared budget is spent is the rate's doing
         # (pacing and the pause answer it), not the concurrency's.
         return state if empty_ms is not None else _decrease(state, now_ms, min_limit)
@@ -212,6 +217,8 @@ def _probe_due(state: GovernorState, now_ms: int, min_limit: int) -> bool:
     after the last change) when calls are slow for a reason not yet known."""
     if state.probe_since_ms or state.ok_hold_ms is None or state.limit * PROBE_SHARE < min_limit:
         return False
+    if state.last_throttle_ms and now_ms - state.last_throttle_ms < PROBE_EVERY_MS:
+        return False  # 429s are telling the limit
     quiet_ms = now_ms - state.last_decrease_ms
     base = state.base_hold_ms
     suspect = (not state.latency_bound and base is not None

@@ -25,7 +25,7 @@ _GOVERNOR_FIELDS = (
     "learned_rpm", "window_reset_ms", "gov_window_ms", "paused_since_ms", "probe_gap_ms",
     "next_probe_ms", "gov_ok_hold_ms", "gov_base_hold_ms", "last_success_ms", "hinted_streak",
     "hint_source", "hint_retry_after_ms", "hint_at_ms", "probe_since_ms", "gov_probe_hold_ms",
-    "latency_bound",
+    "latency_bound", "last_throttle_ms",
 )
 _GOVERNOR_COLUMNS = ", ".join((*_GOVERNOR_FIELDS, "pace_tat_ms"))
 _N_CONFIG = 9
@@ -103,6 +103,7 @@ def _governor(row: Any, config: PoolConfig) -> GovernorState:
         probe_since_ms=row[18],
         probe_hold_ms=row[19],
         latency_bound=bool(row[20]),
+        last_throttle_ms=row[21],
     )
 
 
@@ -113,7 +114,7 @@ def _governor_values(g: GovernorState) -> tuple[Any, ...]:
         g.window_reset_ms, g.window_ms, g.paused_since_ms, g.probe_gap_ms, g.next_probe_ms,
         g.ok_hold_ms, g.base_hold_ms, g.last_success_ms, g.hinted_streak,
         hint and hint.source, hint and hint.retry_after_ms, hint and hint.at_ms,
-        g.probe_since_ms, g.probe_hold_ms, int(g.latency_bound),
+        g.probe_since_ms, g.probe_hold_ms, int(g.latency_bound), g.last_throttle_ms,
     )
 
 
