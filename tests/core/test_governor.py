@@ -303,3 +303,16 @@ def test_plain_pools_learn_nothing():
     state = report(gov.initial(8), hinted, T0, adaptive=False, learns_rate=False)
     assert gov.pause_remaining_ms(state, T0) is None
     assert state.learned_rpm is None and state.limit == 8
+
+
+def test_no_latency_probe_while_the_upstream_throttles():
+    quiet = GovernorState(limit=20.0, last_decrease_ms=T0 - gov.PROBE_EVERY_MS,
+                          latency_bound=True, base_hold_ms=100.0, ok_hold_ms=100.0)
+    state = report(quiet, THROTTLED, T0)
+    assert not state.latency_bound and state.last_throttle_ms == T0
+    now = T0
+    for _ in range(50):  # slow successes: suspect, but 429s are telling the limit
+        now += 100
+        state = report(state, Outcome(status=200, hold_ms=400), now)
+        assert state.probe_since_ms == 0
+    assert now - T0 < gov.PROBE_EVERY_MS
