@@ -355,6 +355,42 @@ def markdown_table(results: dict[str, list[dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
+def compact_table(results: dict[str, list[dict[str, Any]]]) -> str:
+    """One row per upstream: goodput / throttled after settling, per strategy."""
+    names = {"adaptive": "adaptive pool", "fixed": "fixed pool + backoff",
+             "direct": "direct + backoff", "told": "pool told the limits"}
+    lines = ["| upstream | " + " | ".join(names.values()) + " | adaptive pool: targets |",
+             "|---|---|---|---|---|---|"]
+    for plan in PLANS:
+        rows = {r["strategy"]: r for r in results.get(plan.kind, [])}
+        if not rows:
+            continue
+        cells = [f"{_pct(rows[k]['goodput_share'])}, {_pct(rows[k]['throttled_share'])}"
+                 if k in rows else "-" for k in names]
+        met = verdict(list(rows.values()))
+        lines.append(f"| {plan.kind} | " + " | ".join(cells) + f" | {met} |")
+    return "\n".join(lines)
+
+
+README_START = "<!-- adaptive-family:start -->"
+README_END = "<!-- adaptive-family:end -->"
+
+
+def update_readme(report: dict[str, Any], path: Path) -> None:
+    """Replace the README's family table (between the markers) with this run's."""
+    text = path.read_text()
+    start, end = text.index(README_START), text.index(README_END)
+    block = "\n".join([
+        README_START, "",
+        f"Measured {report['when']} on {report['machine']} (load average "
+        f"{report['load_before'][0]} before the run, {report['load_after'][0]} after); "
+        "each cell: goodput as a share of the upstream's true capacity, then the share of "
+        "upstream calls throttled, both after settling:", "",
+        compact_table(report["results"]), "",
+    ])
+    path.write_text(text[:start] + block + text[end:])
+
+
 def verdicts(results: dict[str, list[dict[str, Any]]]) -> str:
     return "\n".join(f"- {plan.kind} ({plan.title}): {verdict(results[plan.kind])}"
                      for plan in PLANS if plan.kind in results)
@@ -468,7 +504,8 @@ def write(report: dict[str, Any], runs: list[Run], out: Path) -> list[Path]:
         f"{report['load_after']}; time scale {report['scale']}; {report['workers']} workers; "
         f"fixed pool limit {report['fixed_limit']}, adaptive pool limit "
         f"{report['adaptive_limit']}.", "",
-        markdown_table(results), "", "Targets for the adaptive pool (>= 90 % of capacity, "
+        compact_table(results), "", markdown_table(results), "",
+        "Targets for the adaptive pool (>= 90 % of capacity, "
         "<= 5 % throttled after settling, fewer throttles than both baselines with at least "
         "their goodput):", "", verdicts(results), "",
     ])
@@ -497,6 +534,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--strategies", default=",".join(STRATEGIES))
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--results-dir", default=str(BENCH / "results"))
+    parser.add_argument("--update-readme", action="store_true",
+                        help="put the table into README.md (between its markers)")
     args = parser.parse_args(argv)
     args.scale = 0.4 if args.quick else 1.0
     with tempfile.TemporaryDirectory(prefix="fp-family-") as tmp:
@@ -507,6 +546,9 @@ def main(argv: list[str] | None = None) -> int:
             stack.stop()
     for path in write(report, runs, Path(args.results_dir)):
         print("wrote", path)
+    if args.update_readme:
+        update_readme(report, ROOT / "README.md")
+        print("updated README.md")
     return 0
 
 
