@@ -457,6 +457,16 @@ def chart(plan: Plan, runs: list[Run], path: Path) -> None:
 # --- main ----------------------------------------------------------------------------------------
 
 
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
 def _load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
@@ -485,7 +495,7 @@ async def family(args: argparse.Namespace, stack: Stack) -> tuple[dict[str, Any]
             stack.procs.stop(proc)
     report = {
         "when": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": f"{platform.node()}: {os.cpu_count()} cores, {platform.machine()}, "
+        "machine": f"{_cpu_model()}, {os.cpu_count()} cores shown to the VM, "
                    f"Python {platform.python_version()}",
         "load_before": load_before, "load_after": _load(), "scale": args.scale,
         "workers": WORKERS, "fixed_limit": FIXED_LIMIT, "adaptive_limit": ADAPTIVE_LIMIT,
