@@ -504,6 +504,21 @@ async def family(args: argparse.Namespace, stack: Stack) -> tuple[dict[str, Any]
     return report, runs
 
 
+def _binned(run: Run) -> dict[str, list[int]]:
+    """Upstream answers per 0.25 s (the raw log would be megabytes)."""
+    n = int(math.ceil(run.phases[-1][1] / 0.25)) + 1
+    ok, throttled, other = [0] * n, [0] * n, [0] * n
+    for t, status in run.calls:
+        i = min(n - 1, max(0, int(t / 0.25)))
+        if status == 200:
+            ok[i] += 1
+        elif status == 429:
+            throttled[i] += 1
+        else:
+            other[i] += 1
+    return {"ok": ok, "throttled": throttled, "other": other}
+
+
 def write(report: dict[str, Any], runs: list[Run], out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -524,7 +539,8 @@ def write(report: dict[str, Any], runs: list[Run], out: Path) -> list[Path]:
         path.write_text(md)
         written.append(path)
     data = {**report, "runs": [{"kind": r.kind, "strategy": r.strategy, "phases": r.phases,
-                                "calls": r.calls, "samples": r.samples} for r in runs]}
+                                "per_quarter_second": _binned(r), "samples": r.samples}
+                               for r in runs]}
     (out / f"adaptive-family-{stamp}.json").write_text(json.dumps(data))
     written.append(out / f"adaptive-family-{stamp}.json")
     for plan in PLANS:
