@@ -28,9 +28,9 @@ with spacing that doubles from one refill interval, and the first success of
 a call admitted during the pause ends it: a continuously refilling budget
 resumes after about one refill interval, a fixed window costs a few probes.
 
-Pacing is GCRA (ITU-T I.371): one theoretical arrival time per pool spaces
-admissions at the rate's interval, with PACE_BURST admissions of tolerance.
-Everything here is pure: the store keeps the state, `now_ms` is a parameter.
+The rate to pace by is the slower of the configured and learned ones (the
+pacing itself, GCRA, is in slots.py). Everything here is pure: the store
+keeps the state, `now_ms` is a parameter.
 """
 
 from __future__ import annotations
@@ -71,7 +71,6 @@ BASELINE_DOWN = 0.3
 PROBE_EVERY_MS = 10_000
 PROBE_SHARE = 0.5
 PROBE_FASTER = 0.7
-PACE_BURST = 2  # admissions a paced pool may make back to back
 # A learned rate is paced a little below what the upstream states: calls reach
 # it with some jitter, and pacing at exactly its refill rate keeps a
 # continuously refilling budget at zero, where any early arrival is a 429.
@@ -417,17 +416,3 @@ def pace_interval_ms(configured_rpm: int | None, state: GovernorState) -> float 
     intervals = [i for i in (configured_rpm and 60_000 / configured_rpm,
                              learned and learned / LEARNED_PACE_SHARE) if i]
     return max(intervals) if intervals else None
-
-
-def pace_wait_ms(tat_ms: float, interval_ms: float | None, now_ms: int) -> int | None:
-    """GCRA: ms until one more admission conforms (None: now), given the
-    theoretical arrival time of the next one."""
-    if interval_ms is None:
-        return None
-    allowed_from = tat_ms - interval_ms * (PACE_BURST - 1)
-    return None if now_ms >= allowed_from else max(1, math.ceil(allowed_from - now_ms))
-
-
-def paced(tat_ms: float, interval_ms: float, now_ms: int) -> float:
-    """The theoretical arrival time after one more admission."""
-    return max(tat_ms, float(now_ms)) + interval_ms

@@ -259,7 +259,7 @@ def _admit(tx: Tx, project: str, pool: str, state: _Pool, used: int) -> SlotAtte
     if interval is not None:
         tx.execute(
             "UPDATE pools SET pace_tat_ms = ? WHERE project = ? AND name = ?",
-            (gov.paced(state.pace_tat_ms, interval, now), project, pool),
+            (rules.paced(state.pace_tat_ms, interval, now), project, pool),
         )
     if state.learns_rate and gov.probe_wait_ms(state.governor, now) is not None:
         # Admitted during a pause: this call is a probe; space out the next one.
@@ -278,7 +278,7 @@ def _try_admit(
     paused_until = g.paused_until_ms if paused else None
     interval = state.pace_interval_ms
     probe_ms = gov.probe_wait_ms(g, now) if paused else None
-    waits = (probe_ms, gov.pace_wait_ms(state.pace_tat_ms, interval, now))
+    waits = (probe_ms, rules.pace_wait_ms(state.pace_tat_ms, interval, now))
     blocked_ms = max((w for w in waits if w), default=None)
     if blocked_ms is None and rules.may_admit(state.limit, used, waiters_ahead):
         return _admit(tx, project, pool, state, used)
