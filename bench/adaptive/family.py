@@ -359,8 +359,9 @@ def compact_table(results: dict[str, list[dict[str, Any]]]) -> str:
     """One row per upstream: goodput / throttled after settling, per strategy."""
     names = {"adaptive": "adaptive pool", "fixed": "fixed pool + backoff",
              "direct": "direct + backoff", "told": "pool told the limits"}
-    lines = ["| upstream | " + " | ".join(names.values()) + " | adaptive pool: targets |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| upstream | " + " | ".join(names.values())
+             + " | adaptive pool: settled after (s, per phase) | adaptive pool: targets |",
+             "|---|---|---|---|---|---|---|"]
     for plan in PLANS:
         rows = {r["strategy"]: r for r in results.get(plan.kind, [])}
         if not rows:
@@ -368,7 +369,8 @@ def compact_table(results: dict[str, list[dict[str, Any]]]) -> str:
         cells = [f"{_pct(rows[k]['goodput_share'])}, {_pct(rows[k]['throttled_share'])}"
                  if k in rows else "-" for k in names]
         met = verdict(list(rows.values()))
-        lines.append(f"| {plan.kind} | " + " | ".join(cells) + f" | {met} |")
+        settled = _settle(rows["adaptive"]["settle_s"]) if "adaptive" in rows else "-"
+        lines.append(f"| {plan.kind} | " + " | ".join(cells) + f" | {settled} | {met} |")
     return "\n".join(lines)
 
 
@@ -385,7 +387,10 @@ def update_readme(report: dict[str, Any], path: Path) -> None:
         f"Measured {report['when']} on {report['machine']} (load average "
         f"{report['load_before'][0]} before the run, {report['load_after'][0]} after); "
         "each cell: goodput as a share of the upstream's true capacity, then the share of "
-        "upstream calls throttled, both after settling:", "",
+        "upstream calls throttled, both after settling (from each phase's start plus one "
+        "window for rates, 10 s for concurrency). Settled after: the first instant from "
+        "which every 3 s window of the phase has >= 90 % of capacity and <= 5 % throttled "
+        "(never: some window fell short).", "",
         compact_table(report["results"]), "",
     ])
     path.write_text(text[:start] + block + text[end:])
