@@ -178,11 +178,7 @@ def _paused_message(attempt: SlotAttempt) -> str | None:
             "reported its shared budget empty.")
 
 
-def _pause_left_ms(attempt: SlotAttempt, now_ms: int) -> int | None:
-    return None if attempt.paused_until_ms is None else max(1, attempt.paused_until_ms - now_ms)
-
-
-def _too_many(attempt: SlotAttempt, now_ms: int) -> TooManyRequests:
+def _too_many(attempt: SlotAttempt) -> TooManyRequests:
     full = attempt.in_use >= attempt.effective_limit
     paused = _paused_message(attempt)
     message = paused or (f"All {attempt.effective_limit} slots are in use." if full
@@ -192,20 +188,20 @@ def _too_many(attempt: SlotAttempt, now_ms: int) -> TooManyRequests:
     return TooManyRequests(
         message,
         # During a pause the answer names its end (SPEC §4.5), not the next probe.
-        retry_after_ms=_pause_left_ms(attempt, now_ms) or attempt.retry_after_ms,
+        retry_after_ms=attempt.pause_left_ms or attempt.retry_after_ms,
         in_use=attempt.in_use,
         effective_limit=attempt.effective_limit,
         **extra,
     )
 
 
-def _attempt(result: SlotAttempt, now_ms: int) -> Attempt[SlotAttempt]:
+def _attempt(result: SlotAttempt) -> Attempt[SlotAttempt]:
     if result.slot is not None:
         return Attempt(result)
     # Re-check when the refusal is known to end (a probe of a pause, the next
     # paced turn, a slot's hard cap), without waiting for the periodic re-check.
     recheck = None if result.retry_after_ms is None else result.retry_after_ms / 1000
-    return Attempt(None, result.ticket, _too_many(result, now_ms), recheck)
+    return Attempt(None, result.ticket, _too_many(result), recheck)
 
 
 async def acquire(request: Request) -> Response:
@@ -257,12 +253,10 @@ def _grant_body(slot: Slot, config: PoolConfig) -> schemas.SlotGrant:
 async def _acquire(request: Request, project: str, pool: str, wait_ms: int) -> SlotAttempt:
     store = services(request).store
     wait_alive_ms = WAITER_ALIVE_MS if wait_ms > 0 else None
-    first_try = await store.acquire_slot(project, pool, wait_alive_ms=wait_alive_ms)
-    first = _attempt(first_try, await store.now_ms())
+    first = _attempt(await store.acquire_slot(project, pool, wait_alive_ms=wait_alive_ms))
 
     async def retry(ticket: int) -> Attempt[SlotAttempt]:
-        result = await store.retry_slot_waiter(project, pool, ticket, WAITER_ALIVE_MS)
-        return _attempt(result, await store.now_ms())
+        return _attempt(await store.retry_slot_waiter(project, pool, ticket, WAITER_ALIVE_MS))
 
     async def leave(ticket: int) -> None:
         await store.leave_slot_line(project, pool, ticket)

@@ -296,7 +296,8 @@ def _try_admit(
         # Each waiter ahead takes one paced turn first: re-checking all at the
         # next turn would be a stampede of which only the head can win.
         blocked_ms += int(waiters_ahead * interval)
-    return SlotAttempt(None, None, used, state.limit, blocked_ms, paused_until)
+    left = None if paused_until is None else max(1, paused_until - now)
+    return SlotAttempt(None, None, used, state.limit, blocked_ms, paused_until, left)
 
 
 def acquire(tx: Tx, project: str, pool: str, wait_alive_ms: int | None) -> SlotAttempt:
