@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from fencepost.core import governor as gov
+from fencepost.core import slots
 from fencepost.core.governor import GovernorState, Outcome
 from fencepost.core.ratelimit_headers import RateLimitInfo
 
@@ -44,13 +45,39 @@ def test_other_throttle_signals():
 
 
 def test_success_raises_about_one_per_round_trip_and_never_past_the_limit():
-    state = GovernorState(limit=10.0)
+    state = GovernorState(limit=10.0, last_decrease_ms=T0)  # no latency probe due
     for i in range(10):
         state = report(state, OK, T0 + i)
     assert math.isclose(state.limit, 11.0, rel_tol=0.01)
     for i in range(1000):
         state = report(state, OK, T0 + i)
     assert state.limit == 20  # the configured limit is the ceiling
+
+
+def test_a_latency_probe_keeps_the_lower_limit_when_calls_get_faster():
+    # Everything admitted at once: every call is slow, there is no faster reference.
+    quiet = GovernorState(limit=40.0, last_decrease_ms=T0 - gov.PROBE_EVERY_MS)  # long ago
+    state = report(quiet, Outcome(status=200, hold_ms=3_000), T0, configured=40)
+    assert state.probe_since_ms == T0 and state.limit == 40 * gov.PROBE_SHARE
+    # still slow: admitted before the probe, it says nothing
+    state = report(state, Outcome(status=200, hold_ms=3_000), T0 + 500, configured=40)
+    assert state.probe_since_ms == T0 and state.limit == 20
+    # admitted during the probe, and much faster: the upstream was congested
+    state = report(state, Outcome(status=200, hold_ms=1_000), T0 + 1_200, configured=40)
+    assert state.probe_since_ms == 0 and state.limit < 20.2
+    assert state.base_hold_ms == 1_000
+
+
+def test_a_latency_probe_is_undone_when_calls_are_no_faster():
+    quiet = GovernorState(limit=40.0, last_decrease_ms=T0 - gov.PROBE_EVERY_MS)
+    state = report(quiet, Outcome(status=200, hold_ms=200), T0, configured=40)
+    assert state.limit == 20
+    state = report(state, Outcome(status=200, hold_ms=210), T0 + 300, configured=40)
+    assert state.probe_since_ms == 0 and state.limit >= 40
+    # and the next probe waits PROBE_EVERY_MS
+    state = report(state, Outcome(status=200, hold_ms=200), T0 + gov.PROBE_EVERY_MS - 1,
+                   configured=40)
+    assert state.limit >= 40 and state.probe_since_ms == 0
 
 
 def test_never_below_min_limit():
@@ -79,36 +106,188 @@ def test_growth_is_slow_near_the_plateau_then_fast_again():
     assert fast_steps < 200
 
 
-def test_rpm_pools_keep_their_limit_but_honour_hints():
-    state = report(gov.initial(8), Outcome(status=429, retry_after_ms=2_000), T0, adaptive=False)
+def spent(reset_ms, limit=600, window_ms=None, retry_after_ms=None):
+    """What a holder reports when the upstream says its budget is spent."""
+    return RateLimitInfo(request_limit=limit, request_remaining=0, request_reset_ms=reset_ms,
+                         request_window_ms=window_ms, retry_after_ms=retry_after_ms,
+                         retry_after_from="retry-after" if retry_after_ms else None)
+
+
+def test_rpm_pools_keep_their_limit_and_pause_on_an_empty_budget():
+    throttled = Outcome(status=429, rate=spent(2_000), hold_ms=5)
+    state = report(gov.initial(8), throttled, T0, adaptive=False)
     assert gov.effective_limit(state, 8, 1, False) == 8
     assert gov.pause_remaining_ms(state, T0) == 2_000
 
 
-def test_retry_hint_pauses_then_resumes():
-    state = report(gov.initial(8), Outcome(status=429, retry_after_ms=1_500), T0)
-    assert gov.pause_remaining_ms(state, T0 + 500) == 1_000
-    assert gov.pause_remaining_ms(state, T0 + 1_500) is None
-    # a shorter hint later never shortens a pause
-    state = report(state, Outcome(status=429, retry_after_ms=100), T0 + 600)
+def test_a_throttle_naming_no_budget_lowers_the_limit_and_does_not_pause():
+    # A cap on calls in progress: 429 with a whole-second Retry-After, no rate headers.
+    capped = Outcome(status=429, rate=RateLimitInfo(retry_after_ms=1_000,
+                                                    retry_after_from="retry-after"), hold_ms=5)
+    state = report(gov.initial(8), capped, T0)
+    assert gov.pause_remaining_ms(state, T0) is None
+    assert state.limit == 8 * gov.BETA
+    assert state.last_hint == gov.Hint("retry-after", 1_000, T0)
+    # and a budget that is not spent (remaining > 0) is no reason to pause either
+    named = RateLimitInfo(request_limit=600, request_remaining=40, request_reset_ms=90,
+                          retry_after_ms=1_000)
+    state = report(gov.initial(8), Outcome(status=429, rate=named), T0)
+    assert gov.pause_remaining_ms(state, T0) is None and state.limit < 8
+
+
+def test_an_empty_budget_pauses_for_the_most_precise_time():
+    # OpenAI: retry-after rounded up to 1 s, the reset in milliseconds
+    state = report(gov.initial(8), Outcome(status=429, rate=spent(150, retry_after_ms=1_000)), T0)
+    assert gov.pause_remaining_ms(state, T0) == 150
+    assert state.last_hint == gov.Hint("reset", 150, T0)
+    assert state.limit == 8  # the rate's doing, not the concurrency's
+    # remaining 0 without a reset: the retry hint is all there is
+    state = report(gov.initial(8), Outcome(status=429, rate=spent(None, retry_after_ms=3_000)),
+                   T0)
+    assert gov.pause_remaining_ms(state, T0) == 3_000
+    # the last call succeeded with remaining 0: pacing spaces the next, no pause
+    state = report(gov.initial(8), Outcome(status=200, rate=spent(400)), T0)
+    assert gov.pause_remaining_ms(state, T0) is None and state.learned_rpm == 600
+
+
+def test_hinted_throttles_from_several_holders_with_no_success_pause():
+    hinted = Outcome(status=429, retry_after_ms=1_000, hold_ms=5)
+    state = report(gov.initial(8), Outcome(status=200, hold_ms=100), T0)  # calls take ~100 ms
+    now = T0
+    for _ in range(gov.EMPTY_STREAK):
+        now += 50
+        state = report(state, hinted, now)
+        assert gov.pause_remaining_ms(state, now) is None  # a success came <= 150 ms ago
+    now += 100  # 250 ms without a success, more than two round trips
+    state = report(state, hinted, now)
+    assert gov.pause_remaining_ms(state, now) == 1_000
+
+
+def test_a_concurrency_cap_never_pauses_the_pool():
+    hinted = Outcome(status=429, retry_after_ms=1_000, hold_ms=5)
+    ok = Outcome(status=200, hold_ms=100)
+    state = gov.initial(20)
+    now = T0
+    for _ in range(200):  # three throttles for every success, successes every 25 ms
+        now += 25
+        state = report(state, ok, now)
+        for _ in range(3):
+            state = report(state, hinted, now)
+        assert gov.pause_remaining_ms(state, now) is None
+
+
+def test_only_a_call_admitted_during_the_pause_ends_it_early():
+    state = report(gov.initial(8), Outcome(status=429, rate=spent(10_000)), T0)
+    # admitted before the pause (held 500 ms): says nothing about the budget now
+    state = report(state, Outcome(status=200, hold_ms=500), T0 + 100)
+    assert gov.pause_remaining_ms(state, T0 + 100) == 9_900
+    # a probe admitted during the pause got through: resume
+    state = report(state, Outcome(status=200, hold_ms=50), T0 + 300)
+    assert gov.pause_remaining_ms(state, T0 + 300) is None
+    assert gov.probe_wait_ms(state, T0 + 300) is None
+
+
+def test_probes_during_a_pause_start_at_one_refill_interval_and_double():
+    state = report(gov.initial(8), Outcome(status=429, rate=spent(6_000, limit=600)), T0)
+    assert gov.refill_interval_ms(state) == 100  # 600 a minute
+    assert gov.probe_wait_ms(state, T0) == 100
+    now, probes = T0, []
+    while (wait := gov.probe_wait_ms(state, now)) is not None:
+        now += wait
+        if gov.pause_remaining_ms(state, now) is None:
+            break
+        probes.append(now - T0)
+        state = gov.after_probe(state, now)
+    assert probes == [100, 300, 700, 1_500, 3_100]  # gaps 100, 200, 400, 800, 1600
+    assert gov.probe_wait_ms(state, T0 + 6_000) is None  # the pause is over
+
+
+def test_a_shorter_hint_later_never_shortens_a_pause():
+    state = report(gov.initial(8), Outcome(status=429, rate=spent(1_500)), T0)
+    state = report(state, Outcome(status=429, rate=spent(100)), T0 + 600)
     assert gov.pause_remaining_ms(state, T0 + 1_000) == 500
+    assert gov.pause_remaining_ms(state, T0 + 1_500) is None
 
 
 def test_absurd_hints_are_capped():
-    state = report(gov.initial(8), Outcome(status=429, retry_after_ms=10**12), T0)
+    state = report(gov.initial(8), Outcome(status=429, rate=spent(None, retry_after_ms=10**12)),
+                   T0)
     assert gov.pause_remaining_ms(state, T0) == gov.MAX_PAUSE_MS
 
 
-def test_rate_state_teaches_rpm_and_window():
-    rate = RateLimitInfo(request_limit=600, request_remaining=0, request_reset_ms=4_000)
+def test_rate_state_teaches_the_quota_and_its_window():
+    rate = RateLimitInfo(request_limit=600, request_remaining=10, request_reset_ms=4_000)
     state = report(gov.initial(8), Outcome(status=200, rate=rate), T0)
-    assert state.learned_rpm == 600
+    assert state.learned_rpm == 600 and state.window_ms == gov.DEFAULT_WINDOW_MS
     assert state.window_reset_ms == T0 + 4_000
-    assert gov.pause_remaining_ms(state, T0) == 4_000  # window spent
-    assert gov.effective_rpm(1_000, state) == 600
-    assert gov.effective_rpm(None, state) == 600
+    share = gov.LEARNED_PACE_SHARE  # learned rates are paced a little below
+    assert gov.effective_rpm(1_000, state) == round(600 * share)
+    assert gov.effective_rpm(None, state) == round(600 * share)
     assert gov.effective_rpm(300, state) == 300
     assert gov.effective_rpm(None, gov.initial(1)) is None
+    # GitHub: 5000 an hour is about 83 a minute, not 5000
+    hourly = RateLimitInfo(request_limit=5_000, request_remaining=4_000,
+                           request_window_ms=3_600_000)
+    state = report(gov.initial(8), Outcome(status=200, rate=hourly), T0)
+    assert state.window_ms == 3_600_000
+    assert gov.effective_rpm(None, state) == round(5_000 / 60 * share)
+    assert gov.pace_interval_ms(None, state) == 720 / share
+
+
+class TestPacing:
+    def test_admissions_are_spaced_by_the_interval_with_a_small_burst(self):
+        interval = gov.pace_interval_ms(600, gov.initial(1))
+        assert interval == 100
+        tat, now, admitted = 0.0, T0, []
+        for _ in range(100):  # 1 s of many callers trying every 10 ms
+            while slots.pace_wait_ms(tat, interval, now) is None:
+                admitted.append(now - T0)
+                tat = slots.paced(tat, interval, now)
+            now += 10
+        assert admitted[:slots.PACE_BURST] == [0] * slots.PACE_BURST  # the burst allowed
+        assert len(admitted) == 10 + slots.PACE_BURST - 1  # about 10 a second, not 600
+        paced = admitted[slots.PACE_BURST - 1:]
+        gaps = [b - a for a, b in zip(paced, paced[1:], strict=False)]
+        assert gaps and all(g == 100 for g in gaps)
+
+    def test_wait_until_the_next_turn(self):
+        assert slots.pace_wait_ms(T0 + 500.0, 100.0, T0) == 400 - 100 * (slots.PACE_BURST - 2)
+        assert slots.pace_wait_ms(T0 + 500.0, None, T0) is None
+
+    def test_idle_time_is_not_saved_up(self):
+        tat = slots.paced(float(T0), 100.0, T0 + 60_000)
+        assert tat == T0 + 60_100
+
+
+def test_a_slowing_upstream_counts_as_congestion_once_a_probe_proved_it():
+    quiet = GovernorState(limit=40.0, last_decrease_ms=T0 - gov.PROBE_EVERY_MS)
+    state = report(quiet, Outcome(status=200, hold_ms=600), T0, configured=40)  # probe: 20
+    now = T0 + 300
+    state = report(state, Outcome(status=200, hold_ms=250), now, configured=40)
+    assert state.latency_bound and 20 <= state.limit < 20.2  # faster at a lower limit
+    for _ in range(20):  # unloaded: 100 ms calls
+        now += 10
+        state = report(state, Outcome(status=200, hold_ms=100), now, configured=40)
+    before = state.limit
+    for _ in range(20):  # calls now take three times as long, and never 429
+        now += 10
+        state = report(state, Outcome(status=200, hold_ms=300), now, configured=40)
+    assert state.limit < before and state.plateau is not None
+
+
+def test_a_service_slower_for_everyone_is_not_congestion():
+    quiet = GovernorState(limit=20.0, last_decrease_ms=T0 - gov.PROBE_EVERY_MS)
+    state = report(quiet, Outcome(status=200, hold_ms=100), T0)  # probe: 10
+    state = report(state, Outcome(status=200, hold_ms=100), T0 + 200)  # no faster
+    assert not state.latency_bound and state.limit >= 20
+    now = T0 + 200
+    for _ in range(150):  # every call three times as long, at any limit
+        now += 10
+        state = report(state, Outcome(status=200, hold_ms=300), now)
+    # slow calls were suspect; a probe found them no faster at half the limit:
+    # the limit is back, and the slower time is the new baseline
+    assert state.limit == 20 and not state.latency_bound and state.probe_since_ms == 0
+    assert state.base_hold_ms == 300
 
 
 def test_hold_time_is_averaged():
@@ -119,19 +298,22 @@ def test_hold_time_is_averaged():
     assert gov.round_trip_ms(GovernorState(limit=1, hold_ms=1)) == gov.MIN_ROUND_TRIP_MS
 
 
-class TestRpmWindow:
-    def test_admits_up_to_rpm_in_a_rolling_minute(self):
-        assert gov.rpm_wait_ms(9, T0 - 30_000, 10, T0) is None
-        assert gov.rpm_wait_ms(10, T0 - 30_000, 10, T0) == 30_000
-        assert gov.rpm_wait_ms(10, T0 - 59_999, 10, T0) == 1
-
-    def test_no_rpm_no_gate(self):
-        assert gov.rpm_wait_ms(10**6, T0, None, T0) is None
-
-
 def test_plain_pools_learn_nothing():
     hinted = Outcome(status=429, retry_after_ms=2_000,
                      rate=RateLimitInfo(request_limit=60, request_remaining=0, request_reset_ms=1))
     state = report(gov.initial(8), hinted, T0, adaptive=False, learns_rate=False)
     assert gov.pause_remaining_ms(state, T0) is None
     assert state.learned_rpm is None and state.limit == 8
+
+
+def test_no_latency_probe_while_the_upstream_throttles():
+    quiet = GovernorState(limit=20.0, last_decrease_ms=T0 - gov.PROBE_EVERY_MS,
+                          latency_bound=True, base_hold_ms=100.0, ok_hold_ms=100.0)
+    state = report(quiet, THROTTLED, T0)
+    assert not state.latency_bound and state.last_throttle_ms == T0
+    now = T0
+    for _ in range(50):  # slow successes: suspect, but 429s are telling the limit
+        now += 100
+        state = report(state, Outcome(status=200, hold_ms=400), now)
+        assert state.probe_since_ms == 0
+    assert now - T0 < gov.PROBE_EVERY_MS

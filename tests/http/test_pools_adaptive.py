@@ -4,14 +4,13 @@ survives a restart."""
 
 from __future__ import annotations
 
+import math
 import time
 
-import math
-
 import httpx
-
-from fencepost.core.governor import BETA
 from support import ServerProcess, unique_name
+
+from fencepost.core.governor import BETA, LEARNED_PACE_SHARE
 
 LOWERED = math.floor(10 * BETA)  # one throttle report on a pool of limit 10
 
@@ -51,44 +50,99 @@ def test_throttle_reported_in_headers_counts_too(server: ServerProcess) -> None:
         assert client.get(f"/v1/pools/{pool}").json()["effective_limit"] == LOWERED
 
 
-def test_a_retry_hint_pauses_admissions_then_they_resume(server: ServerProcess) -> None:
+def test_a_throttle_naming_no_budget_lowers_the_limit_without_pausing(
+        server: ServerProcess) -> None:
+    # What a cap on calls in progress sends: 429, a whole-second Retry-After, no rate headers.
     with server.client() as client:
         pool = make_pool(client, limit=10, adaptive=True)
-        cycle(client, pool, {"status": 429, "headers": {"Retry-After": "2"}})
-        paused = client.post(f"/v1/pools/{pool}/lock/acquire")
-        assert paused.status_code == 429
-        assert paused.json()["error"]["code"] == "too_many_requests"
-        assert 1 <= int(paused.headers["Retry-After"]) <= 2
-        assert client.get(f"/v1/pools/{pool}").json()["learned"]["paused_until_at"]
-        # a waiter waits out the pause within its own wait
-        started = time.monotonic()
-        waited = client.post(f"/v1/pools/{pool}/lock/acquire", json={"wait_ms": 5_000})
-        assert waited.status_code == 200, waited.text
-        assert time.monotonic() - started < 4.5
+        cycle(client, pool, {"status": 429, "headers": {"Retry-After": "1"}})
+        got = client.post(f"/v1/pools/{pool}/lock/acquire")
+        assert got.status_code == 200 and got.headers["X-Effective-Limit"] == str(LOWERED)
+        state = client.get(f"/v1/pools/{pool}").json()
+        learned = state["learned"]
+        assert learned["paused_until_at"] is None
+        assert learned["effective_limit"] == LOWERED
+        assert learned["last_hint"]["source"] == "retry-after"
+        assert learned["last_hint"]["retry_after_ms"] == 1_000
+        assert state["stats"]["last_retry_after_ms"] == 1_000  # a hint from the headers
+
+
+SPENT = {  # OpenAI's headers when the request budget is spent: 2 a minute, back in 30 s
+    "x-ratelimit-limit-requests": "2",
+    "x-ratelimit-remaining-requests": "0",
+    "x-ratelimit-reset-requests": "30s",
+    "retry-after": "30",
+}
+
+
+def test_an_empty_budget_pauses_and_fail_fast_gets_429_saying_so(server: ServerProcess) -> None:
+    with server.client() as client:
+        pool = make_pool(client, limit=10, adaptive=True)
+        cycle(client, pool, {"status": 429, "headers": SPENT})
+        refused = client.post(f"/v1/pools/{pool}/lock/acquire")
+        assert refused.status_code == 429, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "too_many_requests" and "paused" in error["message"]
+        assert 29 <= int(refused.headers["Retry-After"]) <= 30  # the pause's end
+        learned = client.get(f"/v1/pools/{pool}").json()["learned"]
+        assert learned["paused_until_at"] == error["paused_until_at"]
+        assert learned["effective_rpm"] == 2 and learned["window_ms"] == 60_000
+        assert learned["last_hint"]["source"] == "reset"
+        assert learned["last_hint"]["retry_after_ms"] == 30_000
+
+
+def test_a_waiter_timing_out_during_a_pause_gets_504_saying_so(server: ServerProcess) -> None:
+    with server.client() as client:
+        pool = make_pool(client, limit=10, adaptive=True)
+        cycle(client, pool, {"status": 429, "headers": SPENT})
+        waited = client.post(f"/v1/pools/{pool}/lock/acquire", json={"wait_ms": 300})
+        assert waited.status_code == 504, waited.text
+        error = waited.json()["error"]
+        assert error["code"] == "queue_timeout" and "paused" in error["message"]
+        assert 28 <= int(waited.headers["Retry-After"]) <= 30
+
+
+def test_a_waiter_gets_in_once_a_probe_finds_the_budget_refilled(server: ServerProcess) -> None:
+    with server.client() as client:
+        pool = make_pool(client, limit=10, adaptive=True)
+        cycle(client, pool, {"status": 429, "headers": {
+            "x-ratelimit-limit-requests": "600", "x-ratelimit-remaining-requests": "0",
+            "x-ratelimit-reset-requests": "2s", "retry-after": "2"}})
+        assert client.post(f"/v1/pools/{pool}/lock/acquire").status_code == 429
+        # the first probe is due after one refill interval (100 ms at 600 a minute)
+        probe = client.post(f"/v1/pools/{pool}/lock/acquire", json={"wait_ms": 5_000})
+        assert probe.status_code == 200, probe.text
+        released = client.post(f"/v1/pools/{pool}/lock/{probe.json()['slot_id']}/release",
+                               json={"status": 200})
+        assert released.json() == {"released": True}
+        state = client.get(f"/v1/pools/{pool}").json()
+        assert state["learned"]["paused_until_at"] is None  # resumed early
 
 
 def test_a_fixed_pool_is_not_paused_by_reports(server: ServerProcess) -> None:
     with server.client() as client:
         pool = make_pool(client, limit=10)
-        cycle(client, pool, {"status": 429, "retry_after_ms": 60_000})
+        cycle(client, pool, {"status": 429, "retry_after_ms": 60_000, "headers": SPENT})
         got = client.post(f"/v1/pools/{pool}/lock/acquire")
         assert got.status_code == 200 and got.headers["X-Effective-Limit"] == "10"
 
 
-def test_rate_from_headers_limits_an_rpm_pool(server: ServerProcess) -> None:
+def test_a_learned_hourly_rate_spaces_admissions(server: ServerProcess) -> None:
     with server.client() as client:
-        pool = make_pool(client, limit=50, rpm=600)
-        cycle(client, pool, {"status": 200, "headers": {
-            "x-ratelimit-limit-requests": "3",
-            "x-ratelimit-remaining-requests": "2",
-            "x-ratelimit-reset-requests": "20s",
+        pool = make_pool(client, limit=50, adaptive=True)
+        cycle(client, pool, {"status": 200, "headers": {  # GitHub: 120 an hour
+            "x-ratelimit-limit": "120", "x-ratelimit-remaining": "100",
+            "x-ratelimit-reset": str(int(time.time()) + 3000),
         }})
         state = client.get(f"/v1/pools/{pool}").json()
-        assert state["effective_rpm"] == 3 and state["learned"]["rpm"] == 3
+        assert state["effective_rpm"] == 2 and state["learned"]["window_ms"] == 3_600_000
+        # one every 30 s after a burst of two, not 120 at once
         assert client.post(f"/v1/pools/{pool}/lock/acquire").status_code == 200
         assert client.post(f"/v1/pools/{pool}/lock/acquire").status_code == 200
         refused = client.post(f"/v1/pools/{pool}/lock/acquire")
-        assert refused.status_code == 429 and int(refused.headers["Retry-After"]) > 50
+        assert refused.status_code == 429
+        assert "pacing" in refused.json()["error"]["message"]
+        assert 25 <= int(refused.headers["Retry-After"]) <= 32  # paced a little below 2/min
 
 
 def test_rate_object_wins_over_headers(server: ServerProcess) -> None:
@@ -116,13 +170,14 @@ def test_learned_state_survives_a_restart(fresh_server: ServerProcess) -> None:
         pool = make_pool(client, limit=10, adaptive=True, rpm=1000)
         cycle(client, pool, {"status": 429, "rate": {"limit": 120}})
         before = client.get(f"/v1/pools/{pool}").json()
-    assert before["effective_limit"] == LOWERED and before["effective_rpm"] == 120
+    paced_rpm = round(120 * LEARNED_PACE_SHARE)  # learned rates are paced a little below
+    assert before["effective_limit"] == LOWERED and before["effective_rpm"] == paced_rpm
     fresh_server.kill9()
     fresh_server.start()
     with fresh_server.client() as client:
         after = client.get(f"/v1/pools/{pool}").json()
     assert after["effective_limit"] == LOWERED and after["learned"] == before["learned"]
-    assert after["effective_rpm"] == 120
+    assert after["effective_rpm"] == paced_rpm
 
 
 def test_freed_slots_go_to_every_waiter_promptly(server: ServerProcess) -> None:
@@ -155,3 +210,14 @@ def test_freed_slots_go_to_every_waiter_promptly(server: ServerProcess) -> None:
     assert len(admitted) == 3
     # Far below the 1 s safety-net re-check that a lost wake-up falls back to.
     assert max(admitted) - released_at < 0.8
+
+
+def test_turning_adaptive_off_with_patch_ends_a_pause(server: ServerProcess) -> None:
+    with server.client() as client:
+        pool = make_pool(client, limit=10, adaptive=True)
+        cycle(client, pool, {"status": 429, "headers": SPENT})
+        assert client.post(f"/v1/pools/{pool}/lock/acquire").status_code == 429
+        patched = client.patch(f"/v1/pools/{pool}", json={"adaptive": False})
+        assert patched.status_code == 200 and patched.json()["limit"] == 10
+        got = client.post(f"/v1/pools/{pool}/lock/acquire")
+        assert got.status_code == 200 and got.headers["X-Effective-Limit"] == "10"

@@ -25,7 +25,9 @@ DEFAULTS = {
     "adaptive": False,
     "min_limit": 1,
 }
-STATE_FIELDS = {"name", "limit", *DEFAULTS, "in_use", "queued", "effective_limit", "stats"}
+STATE_FIELDS = {"name", "limit", *DEFAULTS, "in_use", "queued", "effective_limit", "learned",
+                "stats"}
+LEARNED_FIELDS = {"effective_limit", "effective_rpm", "window_ms", "paused_until_at", "last_hint"}
 ZERO_STATS = {
     "released": 0,
     "reclaimed": 0,
@@ -114,6 +116,8 @@ def release(c: httpx.Client, pool: str, slot_id: str, **kwargs: Any) -> httpx.Re
 
 def assert_state_shape(state: dict[str, Any]) -> None:
     assert STATE_FIELDS <= set(state), state
+    assert LEARNED_FIELDS <= set(state["learned"]), state  # SPEC §4.5
+    assert state["learned"]["effective_limit"] == state["effective_limit"]
     stats = state["stats"]
     assert set(ZERO_STATS) <= set(stats), stats
     assert set(stats["statuses"]) == {"1xx", "2xx", "3xx", "4xx", "5xx"}, stats
@@ -425,6 +429,84 @@ def test_put_accepts_boundary_values(admin: httpx.Client, case: str) -> None:
         assert got[field] == value, (field, got)
 
 
+# --- PATCH: only the fields given ----------------------------------------------------------
+
+FULL = {
+    "limit": 5, "queue_size": 7, "queue_timeout_ms": 900, "term_ms": 6000,
+    "renew_interval_ms": 1000, "request_timeout_ms": 9000, "rpm": 10, "adaptive": True,
+    "min_limit": 3,
+}
+
+
+def patch_pool(c: httpx.Client, name: str, **fields: Any) -> httpx.Response:
+    return c.patch(f"/v1/pools/{name}", json=fields)
+
+
+def test_patch_changes_only_the_given_fields(admin: httpx.Client) -> None:
+    name = make_pool(admin, **FULL)
+    resp = patch_pool(admin, name, limit=9, queue_size=0)
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert_state_shape(body)
+    assert body["limit"] == 9 and body["queue_size"] == 0
+    for field, value in FULL.items():
+        if field not in ("limit", "queue_size"):
+            assert body[field] == value, (field, body)
+    assert get_pool(admin, name) == body
+
+
+def test_patch_with_no_fields_changes_nothing(admin: httpx.Client) -> None:
+    name = make_pool(admin, **FULL)
+    before = get_pool(admin, name)
+    resp = patch_pool(admin, name)
+    assert resp.status_code == 200 and resp.json() == before
+
+
+def test_patch_null_clears_rpm_and_renew_interval(admin: httpx.Client) -> None:
+    name = make_pool(admin, **FULL)
+    body = patch_pool(admin, name, rpm=None, renew_interval_ms=None).json()
+    assert body["rpm"] is None and body["renew_interval_ms"] == 2000  # term_ms / 3
+    assert body["adaptive"] is True and body["min_limit"] == 3
+
+
+def test_patch_keeps_slots_and_statistics(admin: httpx.Client) -> None:
+    name = make_pool(admin, limit=3)
+    held = grab(admin, name)
+    done = grab(admin, name)
+    assert release(admin, name, done, json={"status": 200}).json() == {"released": True}
+    body = patch_pool(admin, name, adaptive=True).json()
+    assert body["in_use"] == 1 and body["stats"]["released"] == 1 and body["limit"] == 3
+    assert renew(admin, name, held).status_code == 200
+
+
+BAD_PATCHES: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
+    "limit-zero": ({"limit": 0}, ("limit",)),
+    "limit-null": ({"limit": None}, ("limit",)),
+    "adaptive-string": ({"adaptive": "yes"}, ("adaptive",)),
+    "unknown-field": ({"limt": 2}, ("limt",)),
+    "min_limit-above-the-kept-limit": ({"min_limit": 6}, ("min_limit",)),
+    "limit-below-the-kept-min_limit": ({"limit": 2}, ("min_limit",)),
+    "renew_interval-not-below-the-kept-term": ({"renew_interval_ms": 6000},
+                                               ("renew_interval_ms",)),
+    "several-bad": ({"limit": 0, "term_ms": 5, "bogus": 1}, ("limit", "term_ms", "bogus")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_PATCHES))
+def test_patch_validation_is_422_and_changes_nothing(admin: httpx.Client, case: str) -> None:
+    body, fields = BAD_PATCHES[case]
+    name = make_pool(admin, **FULL)
+    before = get_pool(admin, name)
+    assert_422(admin.patch(f"/v1/pools/{name}", json=body), *fields)
+    assert get_pool(admin, name) == before
+
+
+def test_patch_of_an_unknown_pool_is_404_and_creates_nothing(admin: httpx.Client) -> None:
+    name = unique_name("nopool")
+    assert_error(patch_pool(admin, name, limit=3), 404, "not_found")
+    assert_error(admin.get(f"/v1/pools/{name}"), 404, "not_found")
+
+
 # --- roles -----------------------------------------------------------------------------------
 
 
@@ -438,6 +520,7 @@ def test_reader_may_read_but_not_configure(server: ServerProcess, admin: httpx.C
         assert_error(put_pool(reader, name, limit=9), 403, "forbidden")
         assert_error(put_pool(reader, unique_name("new"), limit=9), 403, "forbidden")
         assert_error(reader.delete(f"/v1/pools/{name}"), 403, "forbidden")
+        assert_error(reader.patch(f"/v1/pools/{name}", json={"limit": 9}), 403, "forbidden")
     assert get_pool(admin, name)["limit"] == 2
 
 
@@ -450,6 +533,7 @@ def test_member_may_not_configure_or_delete(server: ServerProcess, admin: httpx.
         assert_error(put_pool(member, name, limit=9), 403, "forbidden")
         assert_error(put_pool(member, fresh, limit=9), 403, "forbidden")
         assert_error(member.delete(f"/v1/pools/{name}"), 403, "forbidden")
+        assert_error(member.patch(f"/v1/pools/{name}", json={"limit": 9}), 403, "forbidden")
     assert get_pool(admin, name)["limit"] == 2
     assert_error(admin.get(f"/v1/pools/{fresh}"), 404, "not_found")
 
@@ -482,6 +566,7 @@ def test_pools_are_per_project(server: ServerProcess, admin: httpx.Client) -> No
 
 ROUTES: list[tuple[str, str]] = [
     ("PUT", "/v1/pools/{pool}"),
+    ("PATCH", "/v1/pools/{pool}"),
     ("GET", "/v1/pools/{pool}"),
     ("DELETE", "/v1/pools/{pool}"),
     ("GET", "/v1/pools"),
@@ -490,7 +575,7 @@ ROUTES: list[tuple[str, str]] = [
     ("POST", "/v1/pools/{pool}/lock/{slot}/release"),
 ]
 NAMED_ROUTES = [r for r in ROUTES if "{pool}" in r[1]]
-BODY_ROUTES = [r for r in ROUTES if r[0] in ("PUT", "POST")]
+BODY_ROUTES = [r for r in ROUTES if r[0] in ("PUT", "PATCH", "POST")]
 
 
 class Held:
@@ -532,7 +617,7 @@ def test_missing_or_bad_auth_is_401(server: ServerProcess, held: Held, route: tu
         "not-bearer": {"Authorization": f"Basic {server.admin_key}"},
     }[auth]
     method, template = route
-    body = {"limit": 9} if method == "PUT" else None
+    body = {"limit": 9} if method in ("PUT", "PATCH") else None
     with httpx.Client(base_url=server.base_url, timeout=30) as anon:
         resp = anon.request(method, held.path(template), json=body, headers=headers)
     assert_error(resp, 401, "unauthorized")
@@ -631,7 +716,7 @@ def test_body_of_exactly_64_kib_is_not_413(admin: httpx.Client, held: Held,
     held.assert_unchanged()
 
 
-@pytest.mark.parametrize("method", ["PATCH", "POST"])
+@pytest.mark.parametrize("method", ["POST"])
 def test_wrong_method_on_pool_is_405(admin: httpx.Client, held: Held, method: str) -> None:
     assert_error(admin.request(method, f"/v1/pools/{held.pool}", json={"limit": 1}), 405,
                  "method_not_allowed")

@@ -180,26 +180,47 @@ async def test_fixed_pools_ignore_reports(store, clock):
     assert (await store.acquire_slot(P, "fixed", wait_alive_ms=None)).slot is not None
 
 
-async def test_retry_hint_pauses_admissions_until_it_passes(store, clock):
+async def test_a_hint_naming_no_budget_does_not_pause(store, clock):
     await store.put_pool(P, "ad", PoolConfig(limit=10, adaptive=True))
     await _hold_and_report(
         store, "ad", SlotReport(status=429, retry_after_ms=2_000, report_json="{}"), clock)
+    assert (await store.acquire_slot(P, "ad", wait_alive_ms=None)).slot is not None
+    assert (await store.get_pool(P, "ad")).stats.last_retry_after_ms == 2_000
+
+
+async def test_an_empty_budget_pauses_admissions_but_lets_probes_through(store, clock):
+    await store.put_pool(P, "ad", PoolConfig(limit=10, adaptive=True))
+    spent = RateLimitInfo(request_limit=600, request_remaining=0, request_reset_ms=2_000,
+                          retry_after_ms=2_000)
+    await _hold_and_report(
+        store, "ad", SlotReport(status=429, rate=spent, report_json="{}"), clock)
+    view = await store.get_pool(P, "ad")
+    assert view.stats.last_retry_after_ms == 2_000  # a hint from the headers is recorded
     paused = await store.acquire_slot(P, "ad", wait_alive_ms=None)
-    assert paused.slot is None and paused.retry_after_ms == 2_000
-    clock.advance(2_000)
+    assert paused.slot is None and paused.paused_until_ms == clock.now + 2_000
+    assert paused.retry_after_ms == 100  # the first probe: one refill interval (600/min)
+    clock.advance(100)
+    probe = await store.acquire_slot(P, "ad", wait_alive_ms=None)
+    assert probe.slot is not None
+    after = await store.acquire_slot(P, "ad", wait_alive_ms=None)
+    assert after.slot is None and after.retry_after_ms == 200  # the gap doubled
+    # the probe got through: the pause ends early
+    clock.advance(30)
+    assert await store.release_slot(P, "ad", probe.slot.slot_id,
+                                    SlotReport(status=200, report_json="{}"))
+    assert (await store.get_pool(P, "ad")).governor.paused_until_ms == 0
     assert (await store.acquire_slot(P, "ad", wait_alive_ms=None)).slot is not None
 
 
-async def test_rpm_admits_at_most_rpm_per_rolling_minute(store, clock):
+async def test_rpm_spaces_admissions_over_the_minute(store, clock):
     await store.put_pool(P, "rated", PoolConfig(limit=100, rpm=3))
     admitted = []
-    for _ in range(5):
+    for _ in range(6):
         admitted.append(await store.acquire_slot(P, "rated", wait_alive_ms=None))
-        clock.advance(10_000)
-    assert [a.slot is not None for a in admitted] == [True, True, True, False, False]
-    assert admitted[3].retry_after_ms == 30_000  # the first admission leaves the window
-    clock.now += 10_000  # 60 s after the first
-    assert (await store.acquire_slot(P, "rated", wait_alive_ms=None)).slot is not None
+        clock.advance(5_000)
+    # one every 20 s after a burst of two, never 3 in the first seconds
+    assert [a.slot is not None for a in admitted] == [True, True, False, False, True, False]
+    assert admitted[2].retry_after_ms == 10_000  # the next turn is at 20 s
 
 
 async def test_reported_rate_teaches_a_lower_rpm_and_survives_reopen(store, clock):
@@ -224,6 +245,7 @@ async def test_reported_rate_teaches_a_lower_rpm_and_survives_reopen(store, cloc
 async def test_spent_window_pauses_until_reset(store, clock):
     await store.put_pool(P, "ad", PoolConfig(limit=10, adaptive=True))
     rate = RateLimitInfo(request_limit=60, request_remaining=0, request_reset_ms=3_000)
-    await _hold_and_report(store, "ad", SlotReport(status=200, rate=rate, report_json="{}"), clock)
+    await _hold_and_report(store, "ad", SlotReport(status=429, rate=rate, report_json="{}"), clock)
     refused = await store.acquire_slot(P, "ad", wait_alive_ms=None)
-    assert refused.slot is None and refused.retry_after_ms == 3_000
+    assert refused.slot is None and refused.paused_until_ms == clock.now + 3_000
+    assert refused.retry_after_ms == 1_000  # a probe after one refill interval (60 a minute)

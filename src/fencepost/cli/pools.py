@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from fencepost.cli.common import Ctx, api_command, connection_options, follow_pages
 from fencepost.cli.params import HEADER, NAME
 from fencepost.cli.progress import ProgressLine, slot_waiting, while_waiting
 from fencepost.cli.quiet import check_output_mode, emit_created, quiet_option
-from fencepost.cli.render import duration, epoch_ms, fields, key_label, relative, table
+from fencepost.cli.render import duration, epoch_ms, fields, key_label, relative, table, when
 from fencepost.client import Outcome
-from fencepost.client.models import PoolInfo, SlotHolder
+from fencepost.client.models import Learned, PoolInfo, SlotHolder
 from fencepost.client.outcome import rate_headers
+from fencepost.errors import NotFound
 
 MS = click.IntRange(min=0)
 
@@ -27,8 +30,8 @@ def pool() -> None:
 
 @pool.command("set")
 @click.argument("name", type=NAME)
-@click.option("--limit", type=click.IntRange(1, 10_000), required=True,
-              help="Most slots held at once.")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=None,
+              help="Most slots held at once (needed to create the pool).")
 @click.option("--queue-size", type=click.IntRange(0, 100_000), default=None,
               help="Most waiters; 0 disables waiting [server default 100].")
 @click.option("--queue-timeout-ms", type=MS, default=None,
@@ -46,21 +49,30 @@ def pool() -> None:
 @quiet_option("the pool's name")
 @connection_options
 @api_command
-async def set_(ctx: Ctx, name: str, limit: int, queue_size: int | None,
+async def set_(ctx: Ctx, name: str, limit: int | None, queue_size: int | None,
                queue_timeout_ms: int | None, term_ms: int | None,
                renew_interval_ms: int | None, request_timeout_ms: int | None,
                rpm: int | None, adaptive: bool | None, min_limit: int | None,
                quiet: bool) -> None:
-    """Create or replace pool NAME's configuration (admin). Options left out take
-    the server's defaults."""
+    """Change pool NAME's configuration (admin): only the options given change.
+    Creates the pool when there is none (then --limit is needed and options
+    left out take the server's defaults)."""
     check_output_mode(ctx, quiet)
+    fields: dict[str, Any] = {
+        "limit": limit, "queue_size": queue_size, "queue_timeout_ms": queue_timeout_ms,
+        "term_ms": term_ms, "renew_interval_ms": renew_interval_ms,
+        "request_timeout_ms": request_timeout_ms, "rpm": rpm, "adaptive": adaptive,
+        "min_limit": min_limit,
+    }
+    if all(value is None for value in fields.values()):
+        raise click.UsageError("Nothing to set: give --limit or another option.")
     async with ctx.client() as client:
-        info = await client.set_pool(
-            name, limit=limit, queue_size=queue_size, queue_timeout_ms=queue_timeout_ms,
-            term_ms=term_ms, renew_interval_ms=renew_interval_ms,
-            request_timeout_ms=request_timeout_ms, rpm=rpm, adaptive=adaptive,
-            min_limit=min_limit,
-        )
+        try:
+            info = await client.update_pool(name, **fields)
+        except NotFound:
+            if limit is None:
+                raise NotFound(f"No pool named {name!r}; give --limit to create it.") from None
+            info = await client.set_pool(name, **{**fields, "limit": limit})
     emit_created(ctx, quiet, info.name, info.to_dict(), lambda: "configured " + _describe(info))
 
 
@@ -81,7 +93,24 @@ def _describe(info: PoolInfo) -> str:
                ("rpm", info.rpm),
                ("adaptive", "yes" if info.adaptive else "no"),
                ("min limit", info.min_limit),
-           ])
+           ]) + _describe_learned(info.learned)
+
+
+def _describe_learned(learned: Learned | None) -> str:
+    """What the pool learned (SPEC §4.5); nothing when it learned nothing."""
+    if learned is None:
+        return ""
+    hint = learned.last_hint
+    rows: list[tuple[str, object]] = [
+        ("effective limit", learned.effective_limit),
+        ("effective rpm", learned.effective_rpm),
+        ("window", _ms(learned.window_ms)),
+        ("paused until", None if learned.paused_until_at is None
+         else when(learned.paused_until_at)),
+        ("last hint", None if hint is None else
+         f"{_ms(hint.retry_after_ms)} from {hint.source}, {relative(hint.at)}"),
+    ]
+    return "\nlearned:\n" + fields(rows)
 
 
 def _slots(slots: list[SlotHolder]) -> str:

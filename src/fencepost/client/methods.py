@@ -100,6 +100,7 @@ class Methods:
     fence_check = operation(ops.fence_check)
     # pools
     set_pool = operation(ops.set_pool)
+    update_pool = operation(ops.update_pool)
     get_pool = operation(ops.get_pool)
     list_pools = operation(ops.list_pools)
     list_slots = operation(ops.list_slots)

@@ -141,6 +141,27 @@ class FenceCheck(Model, frozen=True, kw_only=True):
     reason: str | None = None
 
 
+class LastHint(Model, frozen=True, kw_only=True):
+    """The last retry evidence a holder reported (`source`: `retry-after-ms`,
+    `retry-after`, `report` or `reset`)."""
+
+    source: str
+    retry_after_ms: int
+    at: datetime
+
+
+class Learned(Model, frozen=True, kw_only=True):
+    """What a pool learned from reported outcomes (SPEC §4.5), shared by every
+    replica: its limit, its rate over the window the upstream stated, and
+    whether it is paused."""
+
+    effective_limit: int | None = None
+    effective_rpm: int | None = None
+    window_ms: int | None = None
+    paused_until_at: datetime | None = None
+    last_hint: LastHint | None = None
+
+
 class PoolInfo(Model, frozen=True, kw_only=True):
     """A pool's configuration plus its live state (SPEC §4.1)."""
 
@@ -157,6 +178,8 @@ class PoolInfo(Model, frozen=True, kw_only=True):
     in_use: int | None = None
     queued: int | None = None
     effective_limit: int | None = None
+    effective_rpm: int | None = None
+    learned: Learned | None = None
     stats: dict[str, Any] | None = None
 
 

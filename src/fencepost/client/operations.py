@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Generator, Iterable, Mapping
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import msgspec
 
@@ -238,6 +238,35 @@ def set_pool(
     }
     body = {k: v for k, v in fields.items() if v is not None}
     return _one(Call("PUT", _pool_path(name), decode_as(PoolInfo), body=body))
+
+
+def update_pool(
+    name: str,
+    *,
+    limit: int | None = None,
+    queue_size: int | None = None,
+    queue_timeout_ms: int | None = None,
+    term_ms: int | None = None,
+    renew_interval_ms: int | None = None,
+    request_timeout_ms: int | None = None,
+    rpm: int | None = None,
+    adaptive: bool | None = None,
+    min_limit: int | None = None,
+    unset: Iterable[Literal["rpm", "renew_interval_ms"]] = (),
+) -> Op[PoolInfo]:
+    """Change only the given fields of pool `name`'s configuration (admin; PATCH);
+    `unset` clears `rpm` (no rate) or `renew_interval_ms` (back to term / 3).
+    Raises `NotFound` when there is no such pool; returns its configuration and
+    live state."""
+    fields = {
+        "limit": limit, "queue_size": queue_size, "queue_timeout_ms": queue_timeout_ms,
+        "term_ms": term_ms, "renew_interval_ms": renew_interval_ms,
+        "request_timeout_ms": request_timeout_ms, "rpm": rpm, "adaptive": adaptive,
+        "min_limit": min_limit,
+    }
+    body: dict[str, Any] = {k: v for k, v in fields.items() if v is not None}
+    body.update({field: None for field in unset})
+    return _one(Call("PATCH", _pool_path(name), decode_as(PoolInfo), body=body))
 
 
 def get_pool(name: str) -> Op[PoolInfo]:

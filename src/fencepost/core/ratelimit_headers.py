@@ -71,6 +71,8 @@ MAX_COUNT = 2**63 - 1  # fits a signed 64-bit database column
 MAX_DELAY_MS = 366 * 86_400_000  # a reset or retry hint more than a year out is not believed
 EPOCH_SECONDS_FROM = 1_000_000_000  # 2001-09-09 as Unix seconds
 EPOCH_MILLIS_FROM = 1_000_000_000_000  # the same instant in milliseconds
+MINUTE_MS = 60_000
+HOUR_MS = 3_600_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +84,10 @@ class RateLimitInfo:
     token_limit: int | None = None
     token_remaining: int | None = None
     token_reset_ms: int | None = None
+    # The window `request_limit` counts over, when the dialect says (SPEC §4.5):
+    # a policy's `w`, per minute for OpenAI and Anthropic, per hour for GitHub.
+    request_window_ms: int | None = None
+    retry_after_from: str | None = None  # "retry-after-ms" or "retry-after"
 
     def is_empty(self) -> bool:
         return all(getattr(self, f.name) is None for f in fields(self))
@@ -92,21 +98,22 @@ def merge(rate: RateLimitInfo | None, parsed: RateLimitInfo) -> RateLimitInfo:
     by field: a field `rate` leaves unset is taken from `parsed`."""
     if rate is None:
         return parsed
-    values: dict[str, int | None] = {}
+    values: dict[str, object] = {}
     for f in fields(RateLimitInfo):
-        mine: int | None = getattr(rate, f.name)
+        mine = getattr(rate, f.name)
         values[f.name] = mine if mine is not None else getattr(parsed, f.name)
-    return RateLimitInfo(**values)
+    return RateLimitInfo(**values)  # type: ignore[arg-type]
 
 
 def parse_rate_limit_headers(headers: Mapping[str, str], now_ms: int) -> RateLimitInfo:
     """The rate-limit state that `headers` describe; an empty RateLimitInfo if none."""
     h = _fold(headers)
 
-    retry_after_ms = _first((
-        _delay_text_ms(h.get("retry-after-ms"), Decimal(1)),  # OpenAI / Azure: milliseconds
-        _retry_after_ms(h.get("retry-after"), now_ms),
-    ))
+    precise_ms = _delay_text_ms(h.get("retry-after-ms"), Decimal(1))  # OpenAI / Azure
+    retry_after_ms = _first((precise_ms, _retry_after_ms(h.get("retry-after"), now_ms)))
+    retry_after_from = None
+    if retry_after_ms is not None:
+        retry_after_from = "retry-after-ms" if precise_ms is not None else "retry-after"
 
     anthropic_req = _anthropic(h, "requests", now_ms)
     anthropic_tok = _anthropic(h, "tokens", now_ms)
@@ -122,6 +129,7 @@ def parse_rate_limit_headers(headers: Mapping[str, str], now_ms: int) -> RateLim
         _count(h.get("x-ratelimit-limit")),
         _count(h.get("x-ratelimit-remaining")),
         _epoch_or_delta_ms(h.get("x-ratelimit-reset"), now_ms),
+        HOUR_MS,  # GitHub's limits are per hour
     )
     requests = (anthropic_req, openai_req, structured, ietf, github)  # most specific first
     tokens = (anthropic_tok, openai_tok)
@@ -133,6 +141,8 @@ def parse_rate_limit_headers(headers: Mapping[str, str], now_ms: int) -> RateLim
         token_limit=_first(t.limit for t in tokens),
         token_remaining=_first(t.remaining for t in tokens),
         token_reset_ms=_first(t.reset_ms for t in tokens),
+        request_window_ms=next((t.window_ms for t in requests if t.limit is not None), None),
+        retry_after_from=retry_after_from,
     )
 
 
@@ -144,6 +154,7 @@ class _Triple:
     limit: int | None = None
     remaining: int | None = None
     reset_ms: int | None = None
+    window_ms: int | None = None  # the window `limit` counts over, when known
 
 
 def _anthropic(h: Mapping[str, str], unit: str, now_ms: int) -> _Triple:
@@ -153,6 +164,7 @@ def _anthropic(h: Mapping[str, str], unit: str, now_ms: int) -> _Triple:
         _count(h.get(prefix + "limit")),
         _count(h.get(prefix + "remaining")),
         _rfc3339_delay_ms(h.get(prefix + "reset"), now_ms),
+        MINUTE_MS,
     )
 
 
@@ -162,6 +174,7 @@ def _openai(h: Mapping[str, str], unit: str) -> _Triple:
         _count(h.get(f"x-ratelimit-limit-{unit}")),
         _count(h.get(f"x-ratelimit-remaining-{unit}")),
         _duration_ms(h.get(f"x-ratelimit-reset-{unit}")),
+        MINUTE_MS,
     )
 
 
@@ -208,13 +221,14 @@ def _structured(h: Mapping[str, str]) -> _Triple:
             if best is None or key < best:  # on a tie the first listed stays
                 best, remaining, reset_ms, chosen_name = key, r, t, item
 
+    window_ms: int | None = None
     if limit is None and policies:
         named = [p for p in policies if p.name == chosen_name]
-        if named:
-            limit = named[0].quota
-        else:
-            limit = min(policies, key=lambda p: Fraction(p.quota, p.window_s or 1)).quota
-    return _Triple(limit, remaining, reset_ms)
+        policy = named[0] if named else min(
+            policies, key=lambda p: Fraction(p.quota, p.window_s or 1))
+        limit = policy.quota
+        window_ms = policy.window_s * 1000 if policy.window_s else None
+    return _Triple(limit, remaining, reset_ms, window_ms)
 
 
 # --- values ----------------------------------------------------------------------------------

@@ -89,3 +89,25 @@ def retry_after_ms(
 
 def status_class(status: int) -> str:
     return f"{status // 100}xx"
+
+
+# --- pacing (SPEC §4.5) --------------------------------------------------------------
+# GCRA (ITU-T I.371): one theoretical arrival time per pool spaces admissions at
+# the rate's interval, with PACE_BURST admissions of tolerance: no log of
+# admissions to count, and an exact time until the next one conforms.
+
+PACE_BURST = 2  # admissions a paced pool may make back to back
+
+
+def pace_wait_ms(tat_ms: float, interval_ms: float | None, now_ms: int) -> int | None:
+    """GCRA: ms until one more admission conforms (None: now), given the
+    theoretical arrival time of the next one."""
+    if interval_ms is None:
+        return None
+    allowed_from = tat_ms - interval_ms * (PACE_BURST - 1)
+    return None if now_ms >= allowed_from else max(1, math.ceil(allowed_from - now_ms))
+
+
+def paced(tat_ms: float, interval_ms: float, now_ms: int) -> float:
+    """The theoretical arrival time after one more admission."""
+    return max(tat_ms, float(now_ms)) + interval_ms

@@ -272,6 +272,25 @@ class PoolConfigBody(Request):
     ] = 1
 
 
+class PoolPatchBody(Request):
+    """PATCH: only the fields given change (SPEC §4.1); `null` clears `rpm` and
+    `renew_interval_ms` (back to term_ms / 3)."""
+
+    limit: Annotated[int, Meta(ge=1, le=10_000)] | msgspec.UnsetType = msgspec.UNSET
+    queue_size: Annotated[int, Meta(ge=0, le=100_000)] | msgspec.UnsetType = msgspec.UNSET
+    queue_timeout_ms: Annotated[int, Meta(ge=0, le=600_000)] | msgspec.UnsetType = msgspec.UNSET
+    term_ms: Annotated[int, Meta(ge=1_000, le=600_000)] | msgspec.UnsetType = msgspec.UNSET
+    renew_interval_ms: (
+        Annotated[int, Meta(ge=1, le=599_999)] | None | msgspec.UnsetType
+    ) = msgspec.UNSET
+    request_timeout_ms: (
+        Annotated[int, Meta(ge=1_000, le=86_400_000)] | msgspec.UnsetType
+    ) = msgspec.UNSET
+    rpm: Annotated[int, Meta(ge=1, le=1_000_000)] | None | msgspec.UnsetType = msgspec.UNSET
+    adaptive: bool | msgspec.UnsetType = msgspec.UNSET
+    min_limit: Annotated[int, Meta(ge=1, le=10_000)] | msgspec.UnsetType = msgspec.UNSET
+
+
 class PoolStatsBody(msgspec.Struct):
     released: int
     reclaimed: int
@@ -282,11 +301,26 @@ class PoolStatsBody(msgspec.Struct):
     last_reported_at: At | None
 
 
-class LearnedState(msgspec.Struct):
-    """What an adaptive or rate-limited pool has learned from reported outcomes."""
+class LastHint(msgspec.Struct):
+    """The last retry evidence a holder reported: `source` is `retry-after-ms`,
+    `retry-after`, `report` (the release body's field) or `reset` (a budget
+    reported empty, with its reset)."""
 
-    limit: float
+    source: str
+    retry_after_ms: int
+    at: At
+
+
+class LearnedState(msgspec.Struct):
+    """What an adaptive or rate-limited pool has learned from reported outcomes
+    (SPEC §4.5), shared by every replica."""
+
+    effective_limit: int
+    effective_rpm: int | None
+    window_ms: int | None
     paused_until_at: At | None
+    last_hint: LastHint | None
+    limit: float
     rpm: int | None
     window_reset_at: At | None
     round_trip_ms: float | None

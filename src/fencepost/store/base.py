@@ -184,7 +184,9 @@ class SlotAttempt:
     ticket: int | None
     in_use: int
     effective_limit: int
-    retry_after_ms: int | None = None
+    retry_after_ms: int | None = None  # when to try again (a waiter re-checks then)
+    paused_until_ms: int | None = None  # set while the pool is paused (SPEC §4.5)
+    pause_left_ms: int | None = None  # ... and how long it has to go, by the store's clock
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import msgspec
 
@@ -44,9 +45,15 @@ def pool_state(view: PoolView) -> schemas.PoolState:
         effective_limit=view.effective_limit,
         effective_rpm=view.effective_rpm,
         learned=schemas.LearnedState(
-            limit=round(g.limit, 3),
+            effective_limit=view.effective_limit,
+            effective_rpm=view.effective_rpm,
+            window_ms=g.window_ms if g.learned_rpm is not None else None,
             paused_until_at=format_at(g.paused_until_ms) if g.paused_until_ms > view.now_ms
             else None,
+            last_hint=None if g.last_hint is None else schemas.LastHint(
+                source=g.last_hint.source, retry_after_ms=g.last_hint.retry_after_ms,
+                at=format_at(g.last_hint.at_ms) or ""),
+            limit=round(g.limit, 3),
             rpm=g.learned_rpm,
             window_reset_at=format_at(g.window_reset_ms),
             round_trip_ms=None if g.hold_ms is None else round(g.hold_ms, 1),
@@ -61,6 +68,7 @@ def pool_state(view: PoolView) -> schemas.PoolState:
 
 
 def _config(body: schemas.PoolConfigBody) -> PoolConfig:
+    """The configuration a valid body describes; 422 naming the fields otherwise."""
     details = []
     if body.renew_interval_ms is not None and body.renew_interval_ms >= body.term_ms:
         details.append({"field": "renew_interval_ms", "message": "must be less than term_ms"})
@@ -84,6 +92,30 @@ async def put_pool(request: Request) -> Response:
     config = _config(decode_body(request.body, schemas.PoolConfigBody))
     view, created = await svc.store.put_pool(principal.project, name, config)
     return json_response(201 if created else 200, pool_state(view))
+
+
+def _patched(config: PoolConfig, patch: schemas.PoolPatchBody) -> PoolConfig:
+    """`config` with the fields `patch` gives, validated as a PUT would be."""
+    fields = {name: getattr(config, name) for name in schemas.PoolConfigBody.__struct_fields__}
+    for name in schemas.PoolPatchBody.__struct_fields__:
+        value = getattr(patch, name)
+        if value is not msgspec.UNSET:
+            fields[name] = value
+    return _config(msgspec.convert(fields, schemas.PoolConfigBody))
+
+
+@endpoint
+async def patch_pool(request: Request) -> Response:
+    """PATCH /v1/pools/{pool}: change only the fields given; answers like GET."""
+    svc = services(request)
+    principal = await svc.auth.authenticate(request, Role.ADMIN)
+    name = path_name(request, "pool")
+    patch = decode_body(request.body, schemas.PoolPatchBody)
+    current = await svc.store.get_pool(principal.project, name)
+    if current is None:
+        raise NotFound(f"No pool named {name!r}.")
+    view, _ = await svc.store.put_pool(principal.project, name, _patched(current.config, patch))
+    return json_response(200, pool_state(view))
 
 
 @endpoint
@@ -158,22 +190,35 @@ def _wanted_wait_ms(request: Request, body: bytes) -> tuple[int, bool]:
     return wait_ms, no_queue is not None and no_queue.strip().lower() not in _FALSE_WORDS
 
 
+def _paused_message(attempt: SlotAttempt) -> str | None:
+    if attempt.paused_until_ms is None:
+        return None
+    return (f"The pool is paused until {format_at(attempt.paused_until_ms)}: the upstream "
+            "reported its shared budget empty.")
+
+
 def _too_many(attempt: SlotAttempt) -> TooManyRequests:
     full = attempt.in_use >= attempt.effective_limit
+    paused = _paused_message(attempt)
+    message = paused or (f"All {attempt.effective_limit} slots are in use." if full
+                         else "The pool is pacing admissions to the upstream's rate.")
+    extra: dict[str, Any] = {} if attempt.paused_until_ms is None else {
+        "paused_until_at": format_at(attempt.paused_until_ms)}
     return TooManyRequests(
-        f"All {attempt.effective_limit} slots are in use." if full
-        else "The pool is pausing admissions (upstream retry hint or rate limit).",
-        retry_after_ms=attempt.retry_after_ms,
+        message,
+        # During a pause the answer names its end (SPEC §4.5), not the next probe.
+        retry_after_ms=attempt.pause_left_ms or attempt.retry_after_ms,
         in_use=attempt.in_use,
         effective_limit=attempt.effective_limit,
+        **extra,
     )
 
 
 def _attempt(result: SlotAttempt) -> Attempt[SlotAttempt]:
     if result.slot is not None:
         return Attempt(result)
-    # Re-check when the refusal is known to end (a pause, the rate window, a
-    # slot's hard cap), without waiting for the periodic re-check.
+    # Re-check when the refusal is known to end (a probe of a pause, the next
+    # paced turn, a slot's hard cap), without waiting for the periodic re-check.
     recheck = None if result.retry_after_ms is None else result.retry_after_ms / 1000
     return Attempt(None, result.ticket, _too_many(result), recheck)
 
@@ -242,6 +287,11 @@ async def _acquire(
         await store.leave_slot_line(project, pool, ticket)
 
     def timed_out(attempt: Attempt[SlotAttempt]) -> FencepostError:
+        refusal = attempt.refusal
+        if refusal is not None and "paused_until_at" in refusal.extra:
+            # SPEC §4.5: say so, with Retry-After at the pause's end.
+            return QueueTimeout(f"Waited {wait_ms} ms. {refusal.message}",
+                                retry_after_ms=refusal.retry_after_ms)
         return QueueTimeout(f"Waited {wait_ms} ms and no slot opened.")
 
     async def hand_back(admitted: SlotAttempt) -> None:

@@ -165,6 +165,12 @@ ROUTES: tuple[RouteSpec, ...] = (
         responses=((201, schemas.PoolState, "Created."), (200, schemas.PoolState, "Replaced.")),
     ),
     RouteSpec(
+        "PATCH", "/v1/pools/{pool}", pools.patch_pool, "patchPool",
+        "Change some of a pool's configuration", Role.ADMIN, schemas.PoolPatchBody,
+        responses=((200, schemas.PoolState, "Updated: only the fields given changed."),),
+        errors=(NotFound,),
+    ),
+    RouteSpec(
         "GET", "/v1/pools/{pool}", pools.get_pool, "getPool", "Inspect a pool", Role.READER,
         responses=((200, schemas.PoolState,
                     "Configuration, live state and outcome statistics."),),

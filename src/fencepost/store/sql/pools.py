@@ -4,12 +4,12 @@ the batch transaction (see batch.py), which makes count-then-admit atomic."""
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fencepost.core import governor as gov
 from fencepost.core import slots as rules
-from fencepost.core.governor import GovernorState, Outcome
+from fencepost.core.governor import GovernorState, Hint, Outcome
 from fencepost.core.slots import PoolConfig, Slot
 from fencepost.errors import NotFound
 from fencepost.events import Ended, Granted, PoolChanged
@@ -21,16 +21,22 @@ _CONFIG_COLUMNS = (
     "slot_limit, queue_size, queue_timeout_ms, term_ms, renew_interval_ms, "
     "request_timeout_ms, rpm, adaptive, min_limit"
 )
-_GOVERNOR_COLUMNS = (
-    "gov_limit, gov_plateau, gov_last_decrease_ms, gov_hold_ms, paused_until_ms, "
-    "learned_rpm, window_reset_ms"
+# The governor's state, in GovernorState's order (see _governor), then the pacing clock.
+_GOVERNOR_FIELDS = (
+    "gov_limit", "gov_plateau", "gov_last_decrease_ms", "gov_hold_ms", "paused_until_ms",
+    "learned_rpm", "window_reset_ms", "gov_window_ms", "paused_since_ms", "probe_gap_ms",
+    "next_probe_ms", "gov_ok_hold_ms", "gov_base_hold_ms", "last_success_ms", "hinted_streak",
+    "hint_source", "hint_retry_after_ms", "hint_at_ms", "probe_since_ms", "gov_probe_hold_ms",
+    "latency_bound", "last_throttle_ms",
 )
+_GOVERNOR_COLUMNS = ", ".join((*_GOVERNOR_FIELDS, "pace_tat_ms"))
+_N_CONFIG = 9
+_N_GOVERNOR = len(_GOVERNOR_FIELDS) + 1
 _STATS_COLUMNS = (
     "released, reclaimed, status_1xx, status_2xx, status_3xx, status_4xx, status_5xx, "
     "status_429, throttled, last_retry_after_ms, last_reported_ms"
 )
 _SLOT_COLUMNS = "slot_id, pool, acquired_ms, lease_deadline_ms, request_deadline_ms"
-RPM_WINDOW_MS = 60_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +45,7 @@ class _Pool:
 
     config: PoolConfig
     governor: GovernorState
+    pace_tat_ms: float = 0.0  # GCRA: when the next paced admission is due
 
     @property
     def learns_rate(self) -> bool:
@@ -53,6 +60,12 @@ class _Pool:
     @property
     def rpm(self) -> int | None:
         return gov.effective_rpm(self.config.rpm, self.governor) if self.learns_rate else None
+
+    @property
+    def pace_interval_ms(self) -> float | None:
+        if not self.learns_rate:
+            return None
+        return gov.pace_interval_ms(self.config.rpm, self.governor)
 
 
 def new_slot_id() -> str:
@@ -69,6 +82,9 @@ def _config(row: Any) -> PoolConfig:
 
 
 def _governor(row: Any, config: PoolConfig) -> GovernorState:
+    hint = None
+    if row[15] is not None:
+        hint = Hint(source=row[15], retry_after_ms=int(row[16]), at_ms=int(row[17]))
     return GovernorState(
         limit=float(row[0]) if row[0] is not None else float(config.limit),
         plateau=row[1],
@@ -77,7 +93,41 @@ def _governor(row: Any, config: PoolConfig) -> GovernorState:
         paused_until_ms=row[4],
         learned_rpm=row[5],
         window_reset_ms=row[6],
+        window_ms=row[7],
+        paused_since_ms=row[8],
+        probe_gap_ms=row[9],
+        next_probe_ms=row[10],
+        ok_hold_ms=row[11],
+        base_hold_ms=row[12],
+        last_success_ms=row[13],
+        hinted_streak=row[14],
+        last_hint=hint,
+        probe_since_ms=row[18],
+        probe_hold_ms=row[19],
+        latency_bound=bool(row[20]),
+        last_throttle_ms=row[21],
     )
+
+
+def _governor_values(g: GovernorState) -> tuple[Any, ...]:
+    hint = g.last_hint
+    return (
+        g.limit, g.plateau, g.last_decrease_ms, g.hold_ms, g.paused_until_ms, g.learned_rpm,
+        g.window_reset_ms, g.window_ms, g.paused_since_ms, g.probe_gap_ms, g.next_probe_ms,
+        g.ok_hold_ms, g.base_hold_ms, g.last_success_ms, g.hinted_streak,
+        hint and hint.source, hint and hint.retry_after_ms, hint and hint.at_ms,
+        g.probe_since_ms, g.probe_hold_ms, int(g.latency_bound), g.last_throttle_ms,
+    )
+
+
+_SAVE_GOVERNOR = (
+    f"UPDATE pools SET {', '.join(f + ' = ?' for f in _GOVERNOR_FIELDS)} "
+    "WHERE project = ? AND name = ?"
+)
+
+
+def _save_governor(tx: Tx, project: str, pool: str, g: GovernorState) -> None:
+    tx.execute(_SAVE_GOVERNOR, (*_governor_values(g), project, pool))
 
 
 def _stats(row: Any) -> PoolStats:
@@ -99,8 +149,9 @@ def _slot(row: Any) -> Slot:
 def _pool(row: Any, pool: str) -> _Pool:
     if row is None:
         raise NotFound(f"No pool named {pool!r}.")
-    config = _config(row[:9])
-    return _Pool(config, _governor(row[9:16], config))
+    config = _config(row[:_N_CONFIG])
+    governor = row[_N_CONFIG:_N_CONFIG + _N_GOVERNOR]
+    return _Pool(config, _governor(governor, config), float(governor[-1]))
 
 
 _LOAD_WITH_COUNTS = (
@@ -123,7 +174,8 @@ def load_with_counts(
         _LOAD_WITH_COUNTS,
         (project, pool, tx.now_ms, project, pool, tx.now_ms, ahead, project, pool),
     ).fetchone()
-    return _pool(row, pool), int(row[16]), int(row[17])
+    counts = _N_CONFIG + _N_GOVERNOR
+    return _pool(row, pool), int(row[counts]), int(row[counts + 1])
 
 
 def view(tx: Tx, project: str, pool: str) -> PoolView | None:
@@ -190,7 +242,6 @@ def delete(tx: Tx, project: str, pool: str) -> bool:
         return False
     tx.execute("DELETE FROM slots WHERE project = ? AND pool = ?", (project, pool))
     tx.execute("DELETE FROM slot_waiters WHERE project = ? AND pool = ?", (project, pool))
-    tx.execute("DELETE FROM pool_admissions WHERE project = ? AND pool = ?", (project, pool))
     # Every waiter re-checks, finds the pool gone and answers 404.
     tx.events.append(pool_freed(project, pool, wake_all=True))
     tx.events.append(PoolChanged("deleted", project, pool, tx.origin))
@@ -200,34 +251,24 @@ def delete(tx: Tx, project: str, pool: str) -> bool:
 # --- admission ---------------------------------------------------------------
 
 
-def _rate_wait_ms(tx: Tx, project: str, pool: str, state: _Pool) -> int | None:
-    """How long until the pool may admit again by its pause and its rate."""
-    waits = [gov.pause_remaining_ms(state.governor, tx.now_ms)]
-    rpm = state.rpm
-    if rpm is not None:
-        row = tx.execute(
-            "SELECT COUNT(*), MIN(admitted_ms) FROM pool_admissions "
-            "WHERE project = ? AND pool = ? AND admitted_ms > ?",
-            (project, pool, tx.now_ms - RPM_WINDOW_MS),
-        ).fetchone()
-        waits.append(gov.rpm_wait_ms(int(row[0]), row[1], rpm, tx.now_ms))
-    found = [w for w in waits if w is not None]
-    return max(found) if found else None
-
-
 def _admit(tx: Tx, project: str, pool: str, state: _Pool, used: int) -> SlotAttempt:
-    slot = rules.new_slot(new_slot_id(), pool, state.config, tx.now_ms)
+    now = tx.now_ms
+    slot = rules.new_slot(new_slot_id(), pool, state.config, now)
     tx.execute(
         f"INSERT INTO slots (project, {_SLOT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
         (project, slot.slot_id, pool, slot.acquired_ms, slot.lease_deadline_ms,
          slot.request_deadline_ms),
     )
-    if state.rpm is not None:
+    interval = state.pace_interval_ms
+    if interval is not None:
         tx.execute(
-            "INSERT INTO pool_admissions (project, pool, admitted_ms) VALUES (?, ?, ?)",
-            (project, pool, tx.now_ms),
+            "UPDATE pools SET pace_tat_ms = ? WHERE project = ? AND name = ?",
+            (rules.paced(state.pace_tat_ms, interval, now), project, pool),
         )
     tx.events.append(Granted("slot", project, pool, None, tx.origin))
+    if state.learns_rate and gov.probe_wait_ms(state.governor, now) is not None:
+        # Admitted during a pause: this call is a probe; space out the next one.
+        _save_governor(tx, project, pool, gov.after_probe(state.governor, now))
     return SlotAttempt(slot, None, used + 1, state.limit)
 
 
@@ -235,7 +276,15 @@ def _try_admit(
     tx: Tx, project: str, pool: str, state: _Pool, used: int, waiters_ahead: int
 ) -> SlotAttempt:
     """Admit, or a refusal saying when to try again."""
-    blocked_ms = _rate_wait_ms(tx, project, pool, state)
+    now = tx.now_ms
+    g = state.governor
+    # A pause learned while the pool was adaptive or rated ends with that.
+    paused = state.learns_rate and gov.pause_remaining_ms(g, now) is not None
+    paused_until = g.paused_until_ms if paused else None
+    interval = state.pace_interval_ms
+    probe_ms = gov.probe_wait_ms(g, now) if paused else None
+    waits = (probe_ms, rules.pace_wait_ms(state.pace_tat_ms, interval, now))
+    blocked_ms = max((w for w in waits if w), default=None)
     if blocked_ms is None and rules.may_admit(state.limit, used, waiters_ahead):
         return _admit(tx, project, pool, state, used)
     if blocked_ms is None:
@@ -244,11 +293,16 @@ def _try_admit(
             for row in tx.execute(
                 "SELECT request_deadline_ms FROM slots WHERE project = ? AND pool = ? "
                 "AND lease_deadline_ms > ?",
-                (project, pool, tx.now_ms),
+                (project, pool, now),
             ).fetchall()
         ]
-        blocked_ms = rules.retry_after_ms(deadlines, tx.now_ms, state.governor.hold_ms)
-    return SlotAttempt(None, None, used, state.limit, blocked_ms)
+        blocked_ms = rules.retry_after_ms(deadlines, now, g.hold_ms)
+    elif interval is not None and waiters_ahead:
+        # Each waiter ahead takes one paced turn first: re-checking all at the
+        # next turn would be a stampede of which only the head can win.
+        blocked_ms += int(waiters_ahead * interval)
+    left = None if paused_until is None else max(1, paused_until - now)
+    return SlotAttempt(None, None, used, state.limit, blocked_ms, paused_until, left)
 
 
 def acquire(tx: Tx, project: str, pool: str, place: Place | None) -> SlotAttempt:
@@ -259,8 +313,7 @@ def acquire(tx: Tx, project: str, pool: str, place: Place | None) -> SlotAttempt
     if attempt.slot is not None or place is None or queued >= state.config.queue_size:
         return attempt
     ticket = _join_line(tx, project, pool, place)
-    return SlotAttempt(None, ticket, attempt.in_use, attempt.effective_limit,
-                       attempt.retry_after_ms)
+    return replace(attempt, ticket=ticket)
 
 
 def _join_line(tx: Tx, project: str, pool: str, place: Place) -> int:
@@ -283,8 +336,7 @@ def retry_waiter(tx: Tx, project: str, pool: str, ticket: int, place: Place) -> 
     state, used, ahead = load_with_counts(tx, project, pool, ticket)
     attempt = _try_admit(tx, project, pool, state, used, ahead)
     if attempt.slot is None:
-        return SlotAttempt(None, ticket, attempt.in_use, attempt.effective_limit,
-                           attempt.retry_after_ms)
+        return replace(attempt, ticket=ticket)
     tx.execute("DELETE FROM slot_waiters WHERE ticket = ?", (ticket,))
     if attempt.in_use < attempt.effective_limit:
         tx.events.append(pool_freed(project, pool))  # room for the next in line too
@@ -329,7 +381,7 @@ def _own_slot(project: str, pool: str, row: Any) -> Slot | None:
 def _load_with_slot(tx: Tx, project: str, pool: str, slot_id: str) -> tuple[_Pool, Slot | None]:
     row = tx.execute(_POOL_AND_SLOT, (slot_id, project, pool)).fetchone()
     state = _pool(row, pool)  # NotFound without the pool
-    return state, _own_slot(project, pool, row[16:])
+    return state, _own_slot(project, pool, row[_N_CONFIG + _N_GOVERNOR:])
 
 
 def renew(tx: Tx, project: str, pool: str, slot_id: str) -> Slot:
@@ -384,14 +436,10 @@ def _learn(
     )
     if learned == state.governor:
         return
-    tx.execute(
-        "UPDATE pools SET gov_limit = ?, gov_plateau = ?, gov_last_decrease_ms = ?, "
-        "gov_hold_ms = ?, paused_until_ms = ?, learned_rpm = ?, window_reset_ms = ? "
-        "WHERE project = ? AND name = ?",
-        (learned.limit, learned.plateau, learned.last_decrease_ms, learned.hold_ms,
-         learned.paused_until_ms, learned.learned_rpm, learned.window_reset_ms, project, pool),
-    )
-    if learned.limit > state.governor.limit or learned.paused_until_ms < tx.now_ms:
+    _save_governor(tx, project, pool, learned)
+    resumed = gov.pause_remaining_ms(state.governor, tx.now_ms) is not None and (
+        gov.pause_remaining_ms(learned, tx.now_ms) is None)
+    if learned.limit > state.governor.limit or resumed:
         tx.events.append(pool_freed(project, pool))
 
 
@@ -409,9 +457,13 @@ def _record_release(tx: Tx, project: str, pool: str, report: SlotReport | None) 
                 sets.append("status_429 = status_429 + 1")
         sets.append("throttled = throttled + ?")
         args.append(report.throttled or 0)
-        if report.retry_after_ms is not None:
+        # The body's hint, else one that came in the reported headers.
+        hint = report.retry_after_ms
+        if hint is None and report.rate is not None:
+            hint = report.rate.retry_after_ms
+        if hint is not None:
             sets.append("last_retry_after_ms = ?")
-            args.append(report.retry_after_ms)
+            args.append(hint)
         sets += ["last_report = ?", "last_reported_ms = ?"]
         args += [report.report_json, tx.now_ms]
     row = tx.execute(
@@ -431,8 +483,7 @@ def _count_reclaimed(tx: Tx, project: str, pool: str, count: int) -> None:
 
 
 def reap(tx: Tx) -> int:
-    """Reclaim slots past their lease deadline, drop dead waiters, forget
-    admissions older than the rate window, and wake pools whose pause ended."""
+    """Reclaim slots past their lease deadline and drop dead waiters."""
     dead = tx.execute(
         "DELETE FROM slots WHERE lease_deadline_ms <= ? RETURNING project, pool",
         (tx.now_ms,),
@@ -449,5 +500,4 @@ def reap(tx: Tx) -> int:
     ).fetchall()
     for project, pool in {(p, n) for p, n in gone}:
         tx.events.append(pool_freed(project, pool))
-    tx.execute("DELETE FROM pool_admissions WHERE admitted_ms <= ?", (tx.now_ms - RPM_WINDOW_MS,))
     return len(dead)
