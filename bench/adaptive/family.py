@@ -379,7 +379,7 @@ README_END = "<!-- adaptive-family:end -->"
 
 
 def update_readme(report: dict[str, Any], path: Path) -> None:
-    """Replace the README's family table (between the markers) with this run's."""
+    """Replace the docs' family table (between the markers) with this run's."""
     text = path.read_text()
     start, end = text.index(README_START), text.index(README_END)
     block = "\n".join([
@@ -566,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--results-dir", default=str(BENCH / "results"))
     parser.add_argument("--update-readme", action="store_true",
-                        help="put the table into README.md (between its markers)")
+                        help="put the table into docs/benchmarks.md (between its markers)")
     args = parser.parse_args(argv)
     args.scale = 0.4 if args.quick else 1.0
     with tempfile.TemporaryDirectory(prefix="fp-family-") as tmp:
@@ -578,8 +578,8 @@ def main(argv: list[str] | None = None) -> int:
     for path in write(report, runs, Path(args.results_dir)):
         print("wrote", path)
     if args.update_readme:
-        update_readme(report, ROOT / "README.md")
-        print("updated README.md")
+        update_readme(report, ROOT / "docs" / "benchmarks.md")
+        print("updated docs/benchmarks.md")
     return 0
 
 
