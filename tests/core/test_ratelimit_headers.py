@@ -31,8 +31,18 @@ def bad(name: str, headers: dict[str, Any]) -> Any:
     return pytest.param(headers, RateLimitInfo(), id=name)
 
 
+# What the tables state; the window a limit counts over and which header a
+# retry hint came from are checked by their own tests (WINDOWS, SOURCES).
+_TABLE_FIELDS = [f.name for f in fields(RateLimitInfo)
+                 if f.name not in ("request_window_ms", "retry_after_from")]
+
+
+def counts(info: RateLimitInfo) -> dict[str, Any]:
+    return {name: getattr(info, name) for name in _TABLE_FIELDS}
+
+
 def check(headers: dict[str, Any], expected: RateLimitInfo) -> None:
-    assert parse(headers) == expected, headers
+    assert counts(parse(headers)) == counts(expected), headers
 
 
 # --- retry-after (RFC 9110 §10.2.3) and retry-after-ms (OpenAI, Azure) ------------------------
@@ -343,6 +353,7 @@ def test_an_openai_429() -> None:
     assert info == RateLimitInfo(
         retry_after_ms=7_660, request_limit=500, request_remaining=499, request_reset_ms=120,
         token_limit=30_000, token_remaining=0, token_reset_ms=7_660,
+        request_window_ms=60_000, retry_after_from="retry-after-ms",
     )
 
 
@@ -363,6 +374,7 @@ def test_an_anthropic_429() -> None:
     assert info == RateLimitInfo(
         retry_after_ms=12_000, request_limit=4_000, request_remaining=3_999, request_reset_ms=15,
         token_limit=400_000, token_remaining=0, token_reset_ms=12_000,
+        request_window_ms=60_000, retry_after_from="retry-after",
     )
 
 
@@ -370,7 +382,8 @@ def test_a_github_403() -> None:
     info = parse({"X-RateLimit-Limit": "60", "X-RateLimit-Remaining": "0",
                   "X-RateLimit-Reset": str(T0_S + 42), "X-RateLimit-Used": "60",
                   "X-RateLimit-Resource": "core"})
-    assert info == RateLimitInfo(request_limit=60, request_remaining=0, request_reset_ms=42_000)
+    assert info == RateLimitInfo(request_limit=60, request_remaining=0, request_reset_ms=42_000,
+                                 request_window_ms=3_600_000)  # GitHub's limits are per hour
 
 
 # --- names are case-insensitive --------------------------------------------------------------
@@ -459,6 +472,7 @@ def test_every_dialect_at_once() -> None:
         retry_after_ms=1_500,  # retry-after-ms over retry-after
         request_limit=60, request_remaining=5, request_reset_ms=4_000,  # OpenAI
         token_limit=1_000, token_remaining=10, token_reset_ms=3_000,  # Anthropic
+        request_window_ms=60_000, retry_after_from="retry-after-ms",
     )
 
 
@@ -505,7 +519,8 @@ def test_merge_of_rate_and_headers_as_a_release_sends_them() -> None:
     # "headers": {"retry-after": "7"}}
     parsed = parse({"retry-after": "7", "x-ratelimit-remaining-requests": "3"})
     merged = merge(RateLimitInfo(request_remaining=0, request_reset_ms=500), parsed)
-    assert merged == RateLimitInfo(retry_after_ms=7_000, request_remaining=0, request_reset_ms=500)
+    assert merged == RateLimitInfo(retry_after_ms=7_000, request_remaining=0, request_reset_ms=500,
+                                   retry_after_from="retry-after")
 
 
 @pytest.mark.parametrize("field", [f.name for f in fields(RateLimitInfo)])
@@ -539,6 +554,9 @@ def assert_sane(info: RateLimitInfo) -> None:
     for f in fields(info):
         value = getattr(info, f.name)
         if value is None:
+            continue
+        if f.name == "retry_after_from":
+            assert value in ("retry-after", "retry-after-ms"), value
             continue
         assert type(value) is int and value >= 0, (f.name, value)
         bound = rl.MAX_DELAY_MS if f.name.endswith("_ms") else rl.MAX_COUNT
@@ -590,3 +608,39 @@ else:
            now_ms=st.integers(min_value=0, max_value=4 * T0))
     def test_any_headers_never_raise(headers: dict[str, str], now_ms: int) -> None:
         assert_sane(parse_rate_limit_headers(headers, now_ms))
+
+
+# --- the window a request limit counts over, and where a retry hint came from ----------------
+
+WINDOWS = [
+    pytest.param({"x-ratelimit-limit-requests": "500"}, 60_000, id="openai-per-minute"),
+    pytest.param({"anthropic-ratelimit-requests-limit": "50"}, 60_000,
+                 id="anthropic-per-minute"),
+    pytest.param({"x-ratelimit-limit": "5000", "x-ratelimit-reset": str(T0_S + 60)}, 3_600_000,
+                 id="github-per-hour"),
+    pytest.param({"ratelimit-policy": '"day";q=1000;w=86400'}, 86_400_000,
+                 id="policy-states-its-window"),
+    pytest.param({"retry-after": "3"}, None, id="no-limit-no-window"),
+]
+
+
+@pytest.mark.parametrize(("headers", "window_ms"), WINDOWS)
+def test_the_window_follows_the_dialect(headers: dict[str, Any], window_ms: int | None) -> None:
+    assert parse(headers).request_window_ms == window_ms
+
+
+SOURCES = [
+    pytest.param({"retry-after": "30"}, "retry-after", id="seconds"),
+    pytest.param({"retry-after": "Fri, 15 Jan 2027 08:00:30 GMT"}, "retry-after", id="date"),
+    pytest.param({"retry-after-ms": "250"}, "retry-after-ms", id="ms"),
+    pytest.param({"retry-after": "1", "retry-after-ms": "157"}, "retry-after-ms",
+                 id="ms-wins"),
+    pytest.param({"retry-after": "3", "retry-after-ms": "-1"}, "retry-after",
+                 id="bad-ms-falls-back"),
+    pytest.param({"retry-after": "soon"}, None, id="no-hint"),
+]
+
+
+@pytest.mark.parametrize(("headers", "source"), SOURCES)
+def test_the_hint_names_the_header_it_came_from(headers: dict[str, Any], source: str | None) -> None:
+    assert parse(headers).retry_after_from == source
