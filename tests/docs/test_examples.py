@@ -111,8 +111,10 @@ def test_every_page_parses_and_skips_say_why() -> None:
             if block.directive == "skip":
                 assert len(block.argument.split()) >= 3, f"{block.where}: say why it is skipped"
                 skipped.append(block)
-    # A few only: crontab lines, the scripts that start a server or the suite.
-    assert len(skipped) <= 8, [b.where for b in skipped]
+    # A few only: crontab lines, the scripts that start a server or the suite,
+    # what needs other machines, a certificate, a container engine, or a
+    # benchmark's quarter of an hour.
+    assert len(skipped) <= 10, [b.where for b in skipped]
 
 
 # The recipe for a rate-limited API, on its failure paths.

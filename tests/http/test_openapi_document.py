@@ -119,8 +119,8 @@ def test_request_bodies_refuse_unknown_fields_and_state_their_bounds(doc: dict[s
     bodies = {op["operationId"]: resolve(doc, op["requestBody"]["content"]["application/json"]
                                          ["schema"])
               for _, _, op in operations(doc) if "requestBody" in op}
-    assert set(bodies) == {"acquireLock", "renewLease", "putPool", "acquireSlot", "renewSlot",
-                           "releaseSlot", "createKey", "refreshKey"}
+    assert set(bodies) == {"acquireLock", "renewLease", "putPool", "patchPool", "acquireSlot",
+                           "renewSlot", "releaseSlot", "createKey", "refreshKey"}
     for operation_id, schema in bodies.items():
         assert schema["type"] == "object" and schema["additionalProperties"] is False, \
             operation_id
@@ -132,6 +132,11 @@ def test_request_bodies_refuse_unknown_fields_and_state_their_bounds(doc: dict[s
     assert bodies["acquireLock"]["properties"]["on_expiry"]["enum"] == ["keep", "release"]
     limit = bodies["putPool"]["properties"]["limit"]
     assert (limit["type"], limit["minimum"], limit["maximum"]) == ("integer", 1, 10000)
+    # PATCH: every field optional, with PUT's bounds.
+    assert not bodies["patchPool"].get("required")
+    patch_limit = bodies["patchPool"]["properties"]["limit"]
+    assert (patch_limit["type"], patch_limit["minimum"], patch_limit["maximum"]) \
+        == ("integer", 1, 10000)
     delay = bodies["acquireLock"]["properties"]["lock_delay_seconds"]
     assert (delay["type"], delay["minimum"], delay["maximum"]) == ("integer", 0, 60)
     for operation_id in ("acquireSlot", "renewSlot", "releaseSlot", "refreshKey"):
