@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -15,7 +14,7 @@ from tenacity import AsyncRetrying
 
 from fencepost.client.holding import Holding, LockFacts, SlotFacts, log, report_failure
 from fencepost.client.keeper import Terms, keep_alive
-from fencepost.client.key_refresh import KeyRefresh, OnKeyRefresh, refresh_if_due
+from fencepost.client.key_refresh import CurrentKey, KeyRefresh, OnKeyRefresh, refresh_if_due
 from fencepost.client.methods import AsyncRunner, Methods
 from fencepost.client.models import OnExpiry
 from fencepost.client.operations import Op
@@ -54,7 +53,7 @@ async def drive(
         program.close()
 
 
-class AsyncClient(Methods, AsyncRunner):
+class AsyncClient(CurrentKey, Methods, AsyncRunner):
     """The asyncio fencepost client.
 
     `url` and `api_key` default to `FENCEPOST_URL` / `FENCEPOST_API_KEY` (and the
@@ -137,17 +136,6 @@ class AsyncClient(Methods, AsyncRunner):
             outcome = self._on_key_refresh(created)
             if inspect.isawaitable(outcome):
                 await outcome
-
-    def _use_key(self, secret: str) -> None:
-        # One reference swap: a request being built on another thread reads
-        # either the old settings or the new, never half of each.
-        self.settings = dataclasses.replace(self.settings, api_key=secret)
-
-    def _headers(self, call: Call[Any]) -> dict[str, str]:
-        headers = call.all_headers()
-        if self._key_refresh is not None and self.settings.api_key:
-            headers["Authorization"] = f"Bearer {self.settings.api_key}"  # the latest key
-        return headers
 
     async def _send_as_is(self, call: Call[T], retries: Retries | None = None) -> T:
         policy = retries or self.settings.retries

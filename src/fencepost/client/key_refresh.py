@@ -10,6 +10,7 @@ working until its own expiry, so a request in flight meanwhile is unharmed.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -17,6 +18,8 @@ from typing import Any
 
 from fencepost.client.models import CreatedKey, WhoAmI
 from fencepost.client.operations import Op, refresh_key, whoami
+from fencepost.client.transport import Settings
+from fencepost.client.wire import Call
 
 # Refresh once this share of the key's remaining life (when learned) is left.
 REFRESH_AT_REMAINING = 1 / 3
@@ -70,3 +73,22 @@ def refresh_if_due(state: KeyRefresh) -> Op[CreatedKey | None]:
     created: CreatedKey = yield from refresh_key()
     state.learn(created.expires_at, created.created_at)
     return created
+
+
+class CurrentKey:
+    """What both clients share to send the latest key: the swap, and the
+    headers of a call with it."""
+
+    settings: Settings
+    _key_refresh: KeyRefresh | None
+
+    def _use_key(self, secret: str) -> None:
+        # One reference swap: a request being built on another thread reads
+        # either the old settings or the new, never half of each.
+        self.settings = dataclasses.replace(self.settings, api_key=secret)
+
+    def _headers(self, call: Call[Any]) -> dict[str, str]:
+        headers = call.all_headers()
+        if self._key_refresh is not None and self.settings.api_key:
+            headers["Authorization"] = f"Bearer {self.settings.api_key}"  # the latest key
+        return headers

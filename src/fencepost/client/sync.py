@@ -6,7 +6,6 @@ It runs the same programs as `AsyncClient` (see `methods.py`, `operations.py`,
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -18,7 +17,7 @@ from tenacity import Retrying
 
 from fencepost.client.holding import Holding, LockFacts, SlotFacts, log, report_failure
 from fencepost.client.keeper import Terms, keep_alive
-from fencepost.client.key_refresh import KeyRefresh, OnKeyRefresh, refresh_if_due
+from fencepost.client.key_refresh import CurrentKey, KeyRefresh, OnKeyRefresh, refresh_if_due
 from fencepost.client.methods import Methods, SyncRunner
 from fencepost.client.models import OnExpiry
 from fencepost.client.operations import Op
@@ -61,7 +60,7 @@ def drive(
         program.close()
 
 
-class Client(Methods, SyncRunner):
+class Client(CurrentKey, Methods, SyncRunner):
     """The blocking fencepost client: the same methods as `AsyncClient`, without
     `await`. Safe to share between threads. Use it with `with` or call `close()`.
 
@@ -132,17 +131,6 @@ class Client(Methods, SyncRunner):
             self._on_key_refresh(created)
         finally:
             self._refreshing.release()
-
-    def _use_key(self, secret: str) -> None:
-        # One reference swap: a request being built on another thread reads
-        # either the old settings or the new, never half of each.
-        self.settings = dataclasses.replace(self.settings, api_key=secret)
-
-    def _headers(self, call: Call[Any]) -> dict[str, str]:
-        headers = call.all_headers()
-        if self._key_refresh is not None and self.settings.api_key:
-            headers["Authorization"] = f"Bearer {self.settings.api_key}"  # the latest key
-        return headers
 
     def _send_as_is(self, call: Call[T], retries: Retries | None = None) -> T:
         policy = retries or self.settings.retries
