@@ -49,8 +49,8 @@ LINGER_S = 5.0
 # connection stops parsing (and reading) until they are answered.
 MAX_PIPELINED = 8
 # Input is parsed this much at a time, so that one read full of tiny pipelined
-# requests queues only a few dozen of them, not thousands (the parser cannot be
-# paused inside a feed).
+# requests queues at most about a hundred of them, not thousands (the parser
+# cannot be paused inside a feed).
 FEED_BYTES = 2048
 # So at most this many parsed requests wait at once (the shortest request,
 # `GET / HTTP/1.0` and a blank line, is 18 bytes).
