@@ -12,6 +12,11 @@ import msgspec
 from msgspec import Meta
 
 from fencepost.core.leases import LOCK_DELAY_MAX_SECONDS, TTL_MAX_SECONDS, TTL_MIN_SECONDS
+from fencepost.core.sessions import (
+    SESSION_ID_PATTERN,
+    SESSION_TTL_MAX_SECONDS,
+    SESSION_TTL_MIN_SECONDS,
+)
 
 TtlSeconds = Annotated[
     int,
@@ -33,6 +38,17 @@ Metadata = Annotated[
 # pools.py refuses any other slot ID as not found; tests/http/test_openapi_document.py
 # checks that the two agree.
 SLOT_ID_PATTERN = "^slot_[A-Za-z0-9_-]{16,64}$"
+SessionId = Annotated[
+    str,
+    Meta(pattern=SESSION_ID_PATTERN,
+         description="Attach to this session of the caller's (POST /v1/sessions): no expiry "
+         "of its own, it follows the session's and ends with it."),
+]
+SessionTtl = Annotated[
+    int,
+    Meta(ge=SESSION_TTL_MIN_SECONDS, le=SESSION_TTL_MAX_SECONDS,
+         description="Session length in seconds."),
+]
 
 
 class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -40,7 +56,9 @@ class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
 
 
 class AcquireLockBody(Request):
-    ttl_seconds: TtlSeconds
+    # Required unless `session_id` is given (the route says so with a 422):
+    # an attached lease's expiry is its session's.
+    ttl_seconds: TtlSeconds | None = None
     wait_seconds: WaitSeconds = 0.0
     operation: Operation | None = None
     metadata: Metadata | None = None
@@ -51,6 +69,7 @@ class AcquireLockBody(Request):
              description="After this lease ends by expiry or force release (not by its "
              "holder's release), nobody is granted the lock for this long."),
     ] = 0
+    session_id: SessionId | None = None
 
 
 class RenewLockBody(Request):
@@ -135,7 +154,8 @@ class FenceCheck(msgspec.Struct):
         int | None, Meta(description="The live lease's fencing token; null when none is live.")
     ]
     reason: Annotated[
-        Literal["expired", "released", "force_released", "superseded", "unknown"] | None,
+        Literal["expired", "released", "force_released", "superseded", "session_expired",
+                "session_ended", "unknown"] | None,
         Meta(description="Why a stale token is stale; null when current."),
     ]
 
@@ -237,8 +257,9 @@ class ErrorInfo(msgspec.Struct):
     ] | None = None
     waiters: Annotated[int, Meta(ge=0, description="lock_held: callers in line.")] | None = None
     reason: Annotated[
-        str, Meta(description="lease_lost: expired, released, force_released or superseded; "
-                  "lock_held: lock_delay while the lock is in its lock delay.")
+        str, Meta(description="lease_lost: expired, released, force_released, superseded, "
+                  "session_expired or session_ended; session_lost: session_expired or "
+                  "session_ended; lock_held: lock_delay while the lock is in its lock delay.")
     ] | None = None
     in_use: Annotated[int, Meta(ge=0, description="too_many_requests: slots held.")] | None = None
     effective_limit: Annotated[
@@ -372,6 +393,7 @@ class Deleted(msgspec.Struct):
 
 class AcquireSlotBody(Request):
     wait_ms: Count | None = None
+    session_id: SessionId | None = None
 
 
 class SlotGrant(msgspec.Struct):
@@ -409,3 +431,55 @@ class ReleaseSlotBody(Request):
     retry_after_ms: Count | None = None
     rate: RateState | None = None
     headers: Annotated[dict[HeaderName, HeaderValue], Meta(max_length=256)] | None = None
+
+
+# --- sessions (SPEC §3.10) ---------------------------------------------------------
+
+
+class CreateSessionBody(Request):
+    ttl_seconds: SessionTtl
+    name: Annotated[
+        str, Meta(min_length=1, max_length=128, description="Shown to its holder only.")
+    ] | None = None
+
+
+class RenewSessionBody(Request):
+    ttl_seconds: SessionTtl
+
+
+class SessionGrant(msgspec.Struct):
+    session_id: Annotated[str, Meta(description="The session's capability: keep it secret.")]
+    name: str | None
+    ttl_seconds: int
+    expires_at: At
+
+
+class SessionPool(msgspec.Struct):
+    pool: str
+    slots: int
+
+
+class SessionState(msgspec.Struct):
+    session_id: str
+    name: str | None
+    ttl_seconds: int
+    created_at: At
+    expires_at: At
+    live: bool
+    ended: Annotated[
+        Literal["session_expired", "session_ended"] | None,
+        Meta(description="Why it ended; null while live."),
+    ]
+    ended_at: At | None
+    keys: Annotated[list[str], Meta(description="Keys of the locks it holds (the first 1000).")]
+    leases: Annotated[int, Meta(description="How many leases it holds.")]
+    pools: Annotated[
+        list[SessionPool], Meta(description="Pools where it holds slots (the first 1000).")
+    ]
+    slots: Annotated[int, Meta(description="How many slots it holds.")]
+
+
+class SessionEnded(msgspec.Struct):
+    ended: Annotated[bool, Meta(description="False when it had already ended.")]
+    leases: int
+    slots: int

@@ -13,9 +13,12 @@ from typing import Any, Awaitable, Callable, TypeVar
 
 from fencepost.core.keys import hash_secret, new_secret
 from fencepost.core.leases import AcquireRequest, FenceVerdict, Lease
+from fencepost.core.sessions import Session, SessionEnd
 from fencepost.core.slots import PoolConfig, Slot
 from fencepost.errors import StoreUnavailable
+from fencepost.events import SessionChanged
 from fencepost.store.base import (
+    SESSION_SHOWN,
     AcquireResult,
     BatchObserver,
     Census,
@@ -28,13 +31,15 @@ from fencepost.store.base import (
     LockView,
     NewKey,
     PoolView,
+    SessionEnded,
+    SessionView,
     SlotAttempt,
     SlotHolderView,
     SlotReport,
 )
 from fencepost.store.batch import BatchWriter, Engine, Tx
 from fencepost.store.health import WriteHealth, probe_writes
-from fencepost.store.sql import census, fencing, keys, locks, pools, slot_holders
+from fencepost.store.sql import census, fencing, keys, locks, pools, sessions, slot_holders
 from fencepost.store.sql.known_leases import KnownLeases
 from fencepost.store.sql.replicas import Liveness, Place
 
@@ -176,6 +181,10 @@ class SqlStore:
         self, project: str, key: str, request: AcquireRequest, *, wait_alive_ms: int | None
     ) -> AcquireResult:
         place = None if wait_alive_ms is None else self._place(wait_alive_ms)
+        if request.session_id is not None:
+            return await self._writer.run(
+                lambda tx: locks.acquire_attached(tx, self._known, project, key, request, place)
+            )
         return await self._writer.run_steps(
             lambda tx: locks.acquire(tx, self._known, project, key, request, place)
         )
@@ -233,22 +242,25 @@ class SqlStore:
         return await self._writer.run(lambda tx: pools.delete(tx, project, name))
 
     async def acquire_slot(
-        self, project: str, pool: str, *, wait_alive_ms: int | None, key_id: str | None = None
+        self, project: str, pool: str, *, wait_alive_ms: int | None, key_id: str | None = None,
+        session_id: str | None = None,
     ) -> SlotAttempt:
         place = None if wait_alive_ms is None else self._place(wait_alive_ms)
         return await self._writer.run(
-            lambda tx: slot_holders.stamp_holder(
-                tx, pools.acquire(tx, project, pool, place), key_id
+            lambda tx: _attached_slot(
+                tx, project, key_id, session_id, lambda: pools.acquire(tx, project, pool, place)
             )
         )
 
     async def retry_slot_waiter(
-        self, project: str, pool: str, ticket: int, alive_ms: int, key_id: str | None = None
+        self, project: str, pool: str, ticket: int, alive_ms: int, key_id: str | None = None,
+        session_id: str | None = None,
     ) -> SlotAttempt:
         place = self._place(alive_ms)
         return await self._writer.run(
-            lambda tx: slot_holders.stamp_holder(
-                tx, pools.retry_waiter(tx, project, pool, ticket, place), key_id
+            lambda tx: _attached_slot(
+                tx, project, key_id, session_id,
+                lambda: pools.retry_waiter(tx, project, pool, ticket, place),
             )
         )
 
@@ -268,6 +280,50 @@ class SqlStore:
             lambda tx: pools.release(tx, project, pool, slot_id, report)
         )
 
+    # --- sessions ------------------------------------------------------------------
+    async def create_session(
+        self, project: str, key_id: str, ttl_seconds: int, name: str | None
+    ) -> Session:
+        return await self._writer.run(
+            lambda tx: sessions.create(tx, project, key_id, ttl_seconds, name)
+        )
+
+    async def renew_session(
+        self, project: str, key_id: str, session_id: str, ttl_seconds: int
+    ) -> Session:
+        def op(tx: Tx) -> Session:
+            # Contract: the session and everything attached move together, so an
+            # attached lease never outlives, nor dies before, its session.
+            renewed = sessions.renew(tx, project, session_id, key_id, ttl_seconds)
+            locks.follow_session(tx, session_id, renewed.expires_ms)
+            pools.follow_session(tx, session_id, renewed.expires_ms)
+            return renewed
+
+        return await self._writer.run(op)
+
+    async def end_session(self, project: str, key_id: str, session_id: str) -> SessionEnded:
+        def op(tx: Tx) -> SessionEnded:
+            if not sessions.mark_ended(tx, project, session_id, key_id):
+                return SessionEnded(False, 0, 0)
+            leases = locks.end_attached(tx, self._known, session_id)
+            slots = pools.end_attached(tx, session_id)
+            tx.events.append(SessionChanged(
+                "ended", project, SessionEnd.ENDED.value, tx.origin, leases, slots
+            ))
+            return SessionEnded(True, leases, slots)
+
+        return await self._writer.run(op)
+
+    async def get_session(self, project: str, key_id: str, session_id: str) -> SessionView:
+        def op(tx: Tx) -> SessionView:
+            session = sessions.load(tx, project, session_id, key_id)
+            keys, leases = locks.held_by_session(tx, session_id, SESSION_SHOWN)
+            held = pools.held_by_session(tx, session_id, SESSION_SHOWN)
+            slots = sessions.count_slots(tx, session_id)
+            return SessionView(session, tx.now_ms, keys, leases, held, slots)
+
+        return await self._read(op)
+
     # --- background ------------------------------------------------------------
     async def reap(self) -> int:
         probed: int | None = None  # failures counted when the probe was written
@@ -286,9 +342,24 @@ class SqlStore:
                 self._last_probe_ms = tx.now_ms
                 probe_writes(tx)
                 probed = self.health.failures
+            sessions.reap(tx, forget_before)
             return locks.reap(tx, self._known, forget_before) + pools.reap(tx)
 
         reaped = await self._writer.run(op)
         if probed is not None:  # it committed: writes work (again)
             self.health.succeeded(probed)
         return reaped
+
+
+def _attached_slot(
+    tx: Tx, project: str, key_id: str | None, session_id: str | None,
+    admit: Callable[[], SlotAttempt],
+) -> SlotAttempt:
+    """Admit (or queue) as `admit` does, recording who took the slot and, with
+    a session, attaching it. The session is checked before admission, so a
+    caller whose session has ended neither gets a slot nor joins the line."""
+    session = None if session_id is None else sessions.live(tx, project, session_id, key_id)
+    attempt = slot_holders.stamp_holder(tx, admit(), key_id)
+    if session is None:
+        return attempt
+    return pools.attach(tx, attempt, session.session_id, session.expires_ms)

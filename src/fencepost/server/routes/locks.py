@@ -85,6 +85,20 @@ def _metadata_json(metadata: dict[str, Any] | None) -> str | None:
     return encoded.decode()
 
 
+def _lease_ttl(body: schemas.AcquireLockBody) -> int:
+    """The lease's own TTL: required, unless the lease follows a session (then
+    a TTL given is not used: the session's expiry is the lease's)."""
+    if body.session_id is None:
+        if body.ttl_seconds is None:
+            raise invalid_field("ttl_seconds", "required field is missing (or give session_id)")
+        return body.ttl_seconds
+    if body.on_expiry != OnExpiry.RELEASE.value:
+        # A lease that outlives its session would defeat the session's purpose.
+        raise invalid_field("on_expiry", "a lease attached to a session ends with it: "
+                            "only \"release\" may be combined with session_id")
+    return body.ttl_seconds or rules.TTL_MIN_SECONDS
+
+
 async def acquire(request: Request) -> Response:
     """PUT /v1/locks/{key}/lease: every attempt is written to the access log."""
     svc = services(request)
@@ -98,13 +112,14 @@ async def acquire(request: Request) -> Response:
         body = decode_body(request.body, schemas.AcquireLockBody)
         wanted = AcquireRequest(
             lock_token=token,
-            ttl_seconds=body.ttl_seconds,
+            ttl_seconds=_lease_ttl(body),
             operation=body.operation,
             metadata_json=_metadata_json(body.metadata),
             on_expiry=OnExpiry(body.on_expiry),
             key_id=principal.key_id,
             wait_ms=round(body.wait_seconds * 1000),
             lock_delay_seconds=body.lock_delay_seconds,
+            session_id=body.session_id,
         )
         log.waited = body.wait_seconds > 0
         granted = await _acquire(request, principal.project, key, wanted, body.wait_seconds)

@@ -170,10 +170,12 @@ async def delete_pool(request: Request) -> Response:
 # --- acquire -------------------------------------------------------------------
 
 
-def _wanted_wait_ms(request: Request, body: bytes) -> tuple[int, bool]:
-    """The wait asked for (body wins over X-Queue-Timeout-Ms) and whether X-No-Queue is set."""
+def _wanted_wait_ms(request: Request, body: bytes) -> tuple[int, bool, str | None]:
+    """The wait asked for (body wins over X-Queue-Timeout-Ms), whether X-No-Queue
+    is set, and the session to attach the slot to (SPEC §3.10)."""
     header = request.headers.get("x-queue-timeout-ms")
     wait_ms = 0
+    session_id = None
     if header is not None:
         header = header.strip()
         if not (header.isascii() and header.isdigit()) or len(header) > 12:
@@ -186,8 +188,10 @@ def _wanted_wait_ms(request: Request, body: bytes) -> tuple[int, bool]:
         parsed = decode_body(body, schemas.AcquireSlotBody)
         if parsed.wait_ms is not None:
             wait_ms = parsed.wait_ms
+        session_id = parsed.session_id
     no_queue = request.headers.get("x-no-queue")
-    return wait_ms, no_queue is not None and no_queue.strip().lower() not in _FALSE_WORDS
+    no_queue_set = no_queue is not None and no_queue.strip().lower() not in _FALSE_WORDS
+    return wait_ms, no_queue_set, session_id
 
 
 def _paused_message(attempt: SlotAttempt) -> str | None:
@@ -231,13 +235,15 @@ async def acquire(request: Request) -> Response:
         principal = await svc.auth.authenticate(request, Role.MEMBER)
         log.fields.update(project=principal.project, key_id=principal.key_id)
         pool = path_name(request, "pool")
-        wanted_ms, no_queue = _wanted_wait_ms(request, request.body)
+        wanted_ms, no_queue, session_id = _wanted_wait_ms(request, request.body)
         view = await svc.store.get_pool(principal.project, pool)
         if view is None:
             raise NotFound(f"No pool named {pool!r}.")
         wait_ms = rules.clamp_wait_ms(view.config, wanted_ms, no_queue)
         log.waited = wait_ms > 0
-        admitted = await _acquire(request, principal.project, pool, wait_ms, principal.key_id)
+        admitted = await _acquire(
+            request, principal.project, pool, wait_ms, principal.key_id, session_id
+        )
     except ClientGone as gone:
         log.failed(gone)
         return Response(status_code=499)
@@ -270,18 +276,19 @@ def _grant_body(slot: Slot, config: PoolConfig) -> schemas.SlotGrant:
 
 
 async def _acquire(
-    request: Request, project: str, pool: str, wait_ms: int, key_id: str
+    request: Request, project: str, pool: str, wait_ms: int, key_id: str,
+    session_id: str | None,
 ) -> SlotAttempt:
     store = services(request).store
     wait_alive_ms = WAITER_ALIVE_MS if wait_ms > 0 else None
-    first = _attempt(
-        await store.acquire_slot(project, pool, wait_alive_ms=wait_alive_ms, key_id=key_id)
-    )
+    first = _attempt(await store.acquire_slot(
+        project, pool, wait_alive_ms=wait_alive_ms, key_id=key_id, session_id=session_id
+    ))
 
     async def retry(ticket: int) -> Attempt[SlotAttempt]:
-        return _attempt(
-            await store.retry_slot_waiter(project, pool, ticket, WAITER_ALIVE_MS, key_id)
-        )
+        return _attempt(await store.retry_slot_waiter(
+            project, pool, ticket, WAITER_ALIVE_MS, key_id, session_id
+        ))
 
     async def leave(ticket: int) -> None:
         await store.leave_slot_line(project, pool, ticket)

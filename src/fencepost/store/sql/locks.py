@@ -29,13 +29,13 @@ from fencepost.store.base import (
     lock_freed,
 )
 from fencepost.store.batch import Cursor, Tx
-from fencepost.store.sql import ended, fencing
+from fencepost.store.sql import ended, fencing, sessions
 from fencepost.store.sql.known_leases import KnownLeases
 from fencepost.store.sql.replicas import Place
 
 _LEASE_COLUMNS = (
     "key, lock_token, fencing_token, acquired_ms, expires_ms, deadline_ms, "
-    "operation, metadata, on_expiry, key_id, lock_delay_ms"
+    "operation, metadata, on_expiry, key_id, lock_delay_ms, session_id"
 )
 # Where a row of lease columns continues (the waiter count that follows them).
 _AFTER_LEASE = len(_LEASE_COLUMNS.split(", "))
@@ -52,12 +52,12 @@ _NO_TICKET = 2**62
 _WAITER_COLUMNS = "w.key_id, k.name, w.since_ms, w.gives_up_ms"
 _LEASE_VALUES = (
     "project, key, lock_token, fencing_token, acquired_ms, expires_ms, deadline_ms, dies_ms, "
-    "operation, metadata, on_expiry, key_id, lock_delay_ms"
+    "operation, metadata, on_expiry, key_id, lock_delay_ms, session_id"
 )
 # Written only in the state the rules were asked about: no lease row (not even
 # a dead one), no live waiter and no lock delay running. Otherwise nothing is written.
 _INSERT_IF_FREE = (
-    f"INSERT INTO locks ({_LEASE_VALUES}) SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? "
+    f"INSERT INTO locks ({_LEASE_VALUES}) SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? "
     "WHERE NOT EXISTS (SELECT 1 FROM lock_waiters "
     "WHERE project = ? AND key = ? AND alive_until_ms > ?) "
     "AND NOT EXISTS (SELECT 1 FROM lock_delays "
@@ -85,6 +85,7 @@ def _lease(row: Any) -> Lease:
         on_expiry=OnExpiry(row[8]),
         key_id=row[9],
         lock_delay_ms=int(row[10]),
+        session_id=row[11],
     )
 
 
@@ -136,6 +137,7 @@ def _lease_values(project: str, lease: Lease) -> tuple[Any, ...]:
         project, lease.key, lease.lock_token, lease.fencing_token, lease.acquired_ms,
         lease.expires_ms, lease.deadline_ms, rules.end_of_life_ms(lease), lease.operation,
         lease.metadata_json, lease.on_expiry.value, lease.key_id, lease.lock_delay_ms,
+        lease.session_id,
     )
 
 
@@ -173,8 +175,8 @@ def _decide_and_write(
     if isinstance(outcome, Granted) and outcome.created:
         if current is not None:  # a dead lease not yet reaped is replaced
             ended.remember(
-                tx, project, key, current.lock_token, current.fencing_token, EndReason.EXPIRED,
-                current.acquired_ms,
+                tx, project, key, current.lock_token, current.fencing_token,
+                rules.dead_reason(current), current.acquired_ms,
             )
         write_lease(tx, project, outcome.lease)
         known.put(project, outcome.lease)
@@ -185,6 +187,38 @@ def _decide_and_write(
 def report_grant(tx: Tx, project: str, lease: Lease) -> None:
     """Every new lease is reported once, after the commit (metrics, event log)."""
     tx.events.append(LeaseGranted("lock", project, lease.key, lease.fencing_token, tx.origin))
+
+
+def acquire_attached(
+    tx: Tx,
+    known: KnownLeases,
+    project: str,
+    key: str,
+    request: AcquireRequest,
+    place: Place | None,
+) -> AcquireResult:
+    """An acquire with a `session_id` (SPEC §3.10): the session's row, read in
+    the same transaction, must be live and the caller's, and gives the lease
+    its expiry. A plain operation: the session is read before anything else."""
+    attached = sessions.attach(tx, project, request)
+    return _decide_in_line(tx, known, project, key, attached, place)
+
+
+def _decide_in_line(
+    tx: Tx,
+    known: KnownLeases,
+    project: str,
+    key: str,
+    request: AcquireRequest,
+    place: Place | None,
+) -> AcquireResult:
+    """The general case: read the lease, the line and the delay, decide, and
+    grant or (with a place) join the line."""
+    current, waiting, delayed = load_line_and_delay(tx, project, key)
+    outcome = _decide_and_write(tx, known, project, key, request, current, waiting, delayed)
+    if isinstance(outcome, Granted) or place is None:
+        return AcquireResult(outcome)
+    return AcquireResult(outcome, join_line(tx, project, key, request, place))
 
 
 def acquire(
@@ -216,11 +250,7 @@ def acquire(
         return AcquireResult(outcome)
     fencing.give_back(tx, outcome.lease.fencing_token)
     yield
-    current, waiting, delayed = load_line_and_delay(tx, project, key)
-    outcome = _decide_and_write(tx, known, project, key, request, current, waiting, delayed)
-    if isinstance(outcome, Granted) or place is None:
-        return AcquireResult(outcome)
-    return AcquireResult(outcome, join_line(tx, project, key, request, place))
+    return _decide_in_line(tx, known, project, key, request, place)
 
 
 def retry_waiter(
@@ -234,6 +264,8 @@ def retry_waiter(
 ) -> AcquireResult:
     # Contract: only the live waiter with the smallest ticket may take a free
     # lock, so waiters are granted in arrival order.
+    if request.session_id is not None:  # it may have ended while we waited
+        request = sessions.attach(tx, project, request)
     refreshed = tx.execute(
         "UPDATE lock_waiters SET alive_until_ms = ? WHERE ticket = ?",
         (tx.now_ms + place.alive_ms, ticket),
@@ -321,7 +353,7 @@ def release(
     # A dead lease not yet reaped ends here just as the reaper would end it.
     lease = _lease(row)
     released = rules.holds(lease, lock_token, tx.now_ms)
-    reason = EndReason.RELEASED if released else EndReason.EXPIRED
+    reason = EndReason.RELEASED if released else rules.dead_reason(lease)
     ended.remember(tx, project, key, lock_token, lease.fencing_token, reason, lease.acquired_ms)
     start_delay(tx, project, lease, reason)
     tx.events.append(lock_freed(project, key))
@@ -336,7 +368,7 @@ def force_release(
     if current is None or not rules.is_live(current, tx.now_ms):
         known.forget(project, key)
         if current is not None:  # dead but not yet reaped
-            end_lease(tx, project, current, EndReason.EXPIRED)
+            end_lease(tx, project, current, rules.dead_reason(current))
         return ForceReleased(key, None, tx.now_ms)
     if not rules.may_force_release(current, by.key_id, by.is_admin):
         raise Forbidden(
@@ -434,13 +466,14 @@ def list_views(
 def write_lease(tx: Tx, project: str, lease: Lease) -> None:
     tx.execute(
         f"INSERT INTO locks ({_LEASE_VALUES}) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
         "ON CONFLICT (project, key) DO UPDATE SET lock_token = excluded.lock_token, "
         "fencing_token = excluded.fencing_token, acquired_ms = excluded.acquired_ms, "
         "expires_ms = excluded.expires_ms, deadline_ms = excluded.deadline_ms, "
         "dies_ms = excluded.dies_ms, operation = excluded.operation, "
         "metadata = excluded.metadata, on_expiry = excluded.on_expiry, "
-        "key_id = excluded.key_id, lock_delay_ms = excluded.lock_delay_ms",
+        "key_id = excluded.key_id, lock_delay_ms = excluded.lock_delay_ms, "
+        "session_id = excluded.session_id",
         _lease_values(project, lease),
     )
     # An older ended_leases row for this token (a token reused after its lease
@@ -472,11 +505,12 @@ def reap(tx: Tx, known: KnownLeases, forget_before_ms: int | None) -> int:
     for row in dead:
         project, lease = row[0], _lease(row[1:])
         known.forget(project, lease.key)
+        reason = rules.dead_reason(lease)  # an attached lease dies with its session
         ended.remember(
-            tx, project, lease.key, lease.lock_token, lease.fencing_token, EndReason.EXPIRED,
+            tx, project, lease.key, lease.lock_token, lease.fencing_token, reason,
             lease.acquired_ms,
         )
-        start_delay(tx, project, lease, EndReason.EXPIRED)
+        start_delay(tx, project, lease, reason)
         tx.events.append(lock_freed(project, lease.key))
     # Locks whose delay is over: their lines may go now (SPEC §3.9).
     delays_over = tx.execute(
@@ -493,3 +527,53 @@ def reap(tx: Tx, known: KnownLeases, forget_before_ms: int | None) -> int:
     if forget_before_ms is not None:
         tx.execute("DELETE FROM ended_leases WHERE ended_ms < ?", (forget_before_ms,))
     return len(dead)
+
+
+def end_attached(tx: Tx, known: KnownLeases, session_id: str) -> int:
+    """End every lease attached to a session its holder ended (SPEC §3.10);
+    return how many were live. One statement by the session index."""
+    gone = tx.execute(
+        f"DELETE FROM locks WHERE session_id = ? RETURNING project, {_LEASE_COLUMNS}",
+        (session_id,),
+    ).fetchall()
+    live = 0
+    for row in gone:
+        project, lease = row[0], _lease(row[1:])
+        known.forget(project, lease.key)
+        alive = rules.is_live(lease, tx.now_ms)
+        live += alive
+        reason = EndReason.SESSION_ENDED if alive else rules.dead_reason(lease)
+        ended.remember(
+            tx, project, lease.key, lease.lock_token, lease.fencing_token, reason,
+            lease.acquired_ms,
+        )
+        start_delay(tx, project, lease, reason)
+        tx.events.append(lock_freed(project, lease.key))
+    return live
+
+
+def follow_session(tx: Tx, session_id: str, expires_ms: int) -> None:
+    """Keep the expiry of every live lease attached to a session equal to the
+    session's (never past a lease's own deadline), in the transaction that
+    renews the session. Attached leases are `release` leases, so they die at
+    that expiry. A dead lease is left dead for the reaper."""
+    tx.execute(
+        "UPDATE locks SET expires_ms = CASE WHEN deadline_ms < ? THEN deadline_ms ELSE ? END, "
+        "dies_ms = CASE WHEN deadline_ms < ? THEN deadline_ms ELSE ? END "
+        "WHERE session_id = ? AND dies_ms > ?",
+        (expires_ms, expires_ms, expires_ms, expires_ms, session_id, tx.now_ms),
+    )
+
+
+def held_by_session(tx: Tx, session_id: str, limit: int) -> tuple[list[str], int]:
+    """The keys of the live leases attached to a session (the first `limit`,
+    sorted) and how many there are."""
+    rows = tx.execute(
+        "SELECT key FROM locks WHERE session_id = ? AND dies_ms > ? ORDER BY key LIMIT ?",
+        (session_id, tx.now_ms, limit),
+    ).fetchall()
+    count = tx.execute(
+        "SELECT COUNT(*) FROM locks WHERE session_id = ? AND dies_ms > ?",
+        (session_id, tx.now_ms),
+    ).fetchone()
+    return [row[0] for row in rows], int(count[0])

@@ -363,7 +363,7 @@ def drop_waiters_of(tx: Tx, replica: str) -> None:
 
 _POOL_AND_SLOT = (
     f"SELECT {_CONFIG_COLUMNS}, {_GOVERNOR_COLUMNS}, s.project, "
-    f"{', '.join('s.' + c for c in _SLOT_COLUMNS.split(', '))} "
+    f"{', '.join('s.' + c for c in _SLOT_COLUMNS.split(', '))}, s.session_id "
     "FROM pools p LEFT JOIN slots s ON s.slot_id = ? WHERE p.project = ? AND p.name = ?"
 )
 
@@ -375,7 +375,7 @@ def _own_slot(project: str, pool: str, row: Any) -> Slot | None:
         return None
     if row[0] != project or row[2] != pool:
         raise NotFound("No such slot in this pool.")
-    return _slot(row[1:])
+    return replace(_slot(row[1:]), session_id=row[-1])
 
 
 def _load_with_slot(tx: Tx, project: str, pool: str, slot_id: str) -> tuple[_Pool, Slot | None]:
@@ -474,25 +474,31 @@ def _record_release(tx: Tx, project: str, pool: str, report: SlotReport | None) 
     return _pool(row, pool)
 
 
-def _count_reclaimed(tx: Tx, project: str, pool: str, count: int) -> None:
+def _count_reclaimed(
+    tx: Tx, project: str, pool: str, count: int, reason: str = "reclaimed"
+) -> None:
     tx.execute(
         "UPDATE pools SET reclaimed = reclaimed + ? WHERE project = ? AND name = ?",
         (count, project, pool),
     )
-    tx.events.append(Ended("slot", project, pool, "reclaimed", None, tx.origin, count))
+    tx.events.append(Ended("slot", project, pool, reason, None, tx.origin, count))
 
 
 def reap(tx: Tx) -> int:
     """Reclaim slots past their lease deadline and drop dead waiters."""
     dead = tx.execute(
-        "DELETE FROM slots WHERE lease_deadline_ms <= ? RETURNING project, pool",
+        "DELETE FROM slots WHERE lease_deadline_ms <= ? "
+        "RETURNING project, pool, session_id, lease_deadline_ms, request_deadline_ms",
         (tx.now_ms,),
     ).fetchall()
-    per_pool: dict[tuple[str, str], int] = {}
-    for project, pool in dead:
-        per_pool[(project, pool)] = per_pool.get((project, pool), 0) + 1
-    for (project, pool), count in per_pool.items():
-        _count_reclaimed(tx, project, pool, count)
+    per_pool: dict[tuple[str, str, str], int] = {}
+    for project, pool, session_id, lease_deadline, request_deadline in dead:
+        # An attached slot's deadline is its session's until its own cap.
+        timed_out = session_id is not None and lease_deadline < request_deadline
+        where = (project, pool, "session_expired" if timed_out else "reclaimed")
+        per_pool[where] = per_pool.get(where, 0) + 1
+    for (project, pool, reason), count in per_pool.items():
+        _count_reclaimed(tx, project, pool, count, reason)
         tx.events.append(pool_freed(project, pool))
     gone = tx.execute(
         "DELETE FROM slot_waiters WHERE alive_until_ms <= ? RETURNING project, pool",
@@ -501,3 +507,65 @@ def reap(tx: Tx) -> int:
     for project, pool in {(p, n) for p, n in gone}:
         tx.events.append(pool_freed(project, pool))
     return len(dead)
+
+
+# --- sessions (SPEC §3.10) --------------------------------------------------------
+
+
+def attach(tx: Tx, attempt: SlotAttempt, session_id: str, session_expires_ms: int) -> SlotAttempt:
+    """Attach the slot the attempt admitted (if any) to a session: its lease
+    deadline becomes the session's expiry, never past its request deadline."""
+    slot = attempt.slot
+    if slot is None:
+        return attempt
+    deadline = min(session_expires_ms, slot.request_deadline_ms)
+    tx.execute(
+        "UPDATE slots SET session_id = ?, lease_deadline_ms = ? WHERE slot_id = ?",
+        (session_id, deadline, slot.slot_id),
+    )
+    return replace(attempt, slot=replace(slot, lease_deadline_ms=deadline, session_id=session_id))
+
+
+def follow_session(tx: Tx, session_id: str, expires_ms: int) -> None:
+    """Keep every live attached slot's lease deadline equal to its session's
+    expiry (capped by its request deadline), as the session is renewed."""
+    tx.execute(
+        "UPDATE slots SET lease_deadline_ms = "
+        "CASE WHEN request_deadline_ms < ? THEN request_deadline_ms ELSE ? END "
+        "WHERE session_id = ? AND lease_deadline_ms > ?",
+        (expires_ms, expires_ms, session_id, tx.now_ms),
+    )
+
+
+def end_attached(tx: Tx, session_id: str) -> int:
+    """End every slot attached to a session its holder ended; return how many
+    were live. They count as released (the holder ended them) without a report."""
+    gone = tx.execute(
+        "DELETE FROM slots WHERE session_id = ? "
+        "RETURNING project, pool, acquired_ms, lease_deadline_ms",
+        (session_id,),
+    ).fetchall()
+    live = 0
+    for project, pool, acquired_ms, lease_deadline_ms in gone:
+        if lease_deadline_ms <= tx.now_ms:  # dead already, not yet reaped
+            _count_reclaimed(tx, project, pool, 1)
+            continue
+        live += 1
+        tx.execute(
+            "UPDATE pools SET released = released + 1 WHERE project = ? AND name = ?",
+            (project, pool),
+        )
+        held_ms = tx.now_ms - acquired_ms
+        tx.events.append(Ended("slot", project, pool, "session_ended", held_ms, tx.origin))
+        tx.events.append(pool_freed(project, pool))
+    return live
+
+
+def held_by_session(tx: Tx, session_id: str, limit: int) -> list[tuple[str, int]]:
+    """The pools where a session holds live slots, with how many, by pool name."""
+    rows = tx.execute(
+        "SELECT pool, COUNT(*) FROM slots WHERE session_id = ? AND lease_deadline_ms > ? "
+        "GROUP BY pool ORDER BY pool LIMIT ?",
+        (session_id, tx.now_ms, limit),
+    ).fetchall()
+    return [(row[0], int(row[1])) for row in rows]

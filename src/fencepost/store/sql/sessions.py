@@ -1,0 +1,142 @@
+"""Session statements (SPEC §3.10; portable SQL, `?` placeholders).
+
+A session row says when the session expires; the leases and slots attached to
+it carry the same expiry in their own rows (locks.follow_session and
+pools.follow_session keep them equal in the transaction that renews the
+session), so the existing expiry, reaping, views and fence checks hold for
+them unchanged. Ending a session ends what is attached in the same
+transaction. Every lookup is by the session id *and* its owner: another key's
+session is not found, exactly like one that does not exist.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from fencepost.core import sessions as rules
+from fencepost.core.leases import AcquireRequest
+from fencepost.core.sessions import Session, SessionEnd
+from fencepost.errors import NotFound
+from fencepost.events import SessionChanged
+from fencepost.store.batch import Tx
+
+_COLUMNS = "id, name, ttl_ms, created_ms, expires_ms, key_id, ended_reason, ended_ms"
+# The first key of a key's refresh chain (SPEC §5): the session's owner. A key
+# the store does not know owns only its own sessions.
+_ROOT_OF = "COALESCE((SELECT COALESCE(root_id, id) FROM api_keys WHERE id = ?), ?)"
+_OWNED = f"project = ? AND id = ? AND owner_root = {_ROOT_OF}"
+
+
+def _session(row: Any) -> Session:
+    return Session(
+        session_id=row[0], name=row[1], ttl_ms=int(row[2]), created_ms=int(row[3]),
+        expires_ms=int(row[4]), key_id=row[5],
+        ended=None if row[6] is None else SessionEnd(row[6]),
+        ended_ms=None if row[7] is None else int(row[7]),
+    )
+
+
+def create(
+    tx: Tx, project: str, key_id: str, ttl_seconds: int, name: str | None
+) -> Session:
+    session = rules.new_session(rules.new_session_id(), name, ttl_seconds, key_id, tx.now_ms)
+    tx.execute(
+        "INSERT INTO sessions (id, project, key_id, owner_root, name, ttl_ms, created_ms, "
+        f"expires_ms) VALUES (?, ?, ?, {_ROOT_OF}, ?, ?, ?, ?)",
+        (session.session_id, project, key_id, key_id, key_id, name, session.ttl_ms,
+         session.created_ms, session.expires_ms),
+    )
+    tx.events.append(SessionChanged("started", project, None, tx.origin))
+    return session
+
+
+def load(tx: Tx, project: str, session_id: str, key_id: str | None) -> Session:
+    """The caller's session (live or ended, while its end is remembered);
+    NotFound for an unknown session and for another key's."""
+    row = tx.execute(
+        f"SELECT {_COLUMNS} FROM sessions WHERE {_OWNED}",
+        (project, session_id, key_id, key_id),
+    ).fetchone()
+    if row is None:
+        raise NotFound("No such session (it never existed, was forgotten, or is another key's).")
+    return _session(row)
+
+
+def attach(tx: Tx, project: str, request: AcquireRequest) -> AcquireRequest:
+    """The acquire with its session's expiry filled in, once the session is
+    found live and the caller's (else NotFound, or SessionLost with why)."""
+    assert request.session_id is not None
+    session = rules.require_live(
+        load(tx, project, request.session_id, request.key_id), tx.now_ms
+    )
+    return replace(request, session_expires_ms=session.expires_ms)
+
+
+def live(tx: Tx, project: str, session_id: str, key_id: str | None) -> Session:
+    """The caller's session if things may attach to it now."""
+    return rules.require_live(load(tx, project, session_id, key_id), tx.now_ms)
+
+
+def renew(tx: Tx, project: str, session_id: str, key_id: str, ttl_seconds: int) -> Session:
+    """Set the session's expiry outright (SPEC §3.2's rules); the caller then
+    moves the attached leases and slots with it, in the same transaction."""
+    renewed = rules.decide_renew(load(tx, project, session_id, key_id), ttl_seconds, tx.now_ms)
+    # Contract: only a session not yet ended moves (the rules judged it live
+    # by this transaction's clock; the batch lock keeps it so until commit).
+    tx.execute(
+        "UPDATE sessions SET ttl_ms = ?, expires_ms = ? WHERE id = ? AND ended_reason IS NULL",
+        (renewed.ttl_ms, renewed.expires_ms, session_id),
+    )
+    return renewed
+
+
+def mark_ended(tx: Tx, project: str, session_id: str, key_id: str) -> bool:
+    """Record that the holder ended its session; False when it had already
+    ended (deleted, or expired whether or not the reaper has seen it yet)."""
+    session = load(tx, project, session_id, key_id)
+    if rules.end_of(session, tx.now_ms) is not None:
+        return False
+    tx.execute(
+        "UPDATE sessions SET ended_reason = ?, ended_ms = ? WHERE id = ?",
+        (SessionEnd.ENDED.value, tx.now_ms, session_id),
+    )
+    return True
+
+
+def reap(tx: Tx, forget_before_ms: int | None) -> int:
+    """Record the end of every session past its expiry (their leases and slots
+    die at the same instant and are reaped with the others), and forget ended
+    sessions older than `forget_before_ms`.
+
+    Contract: only sessions not yet ended are marked, so running it twice, or
+    on two replicas at once, ends nothing twice."""
+    expired = tx.execute(
+        "UPDATE sessions SET ended_reason = ?, ended_ms = expires_ms "
+        "WHERE ended_reason IS NULL AND expires_ms <= ? RETURNING project",
+        (SessionEnd.EXPIRED.value, tx.now_ms),
+    ).fetchall()
+    for (project,) in expired:
+        tx.events.append(SessionChanged("ended", project, SessionEnd.EXPIRED.value, None))
+    if forget_before_ms is not None:
+        tx.execute(
+            "DELETE FROM sessions WHERE ended_reason IS NOT NULL AND ended_ms < ?",
+            (forget_before_ms,),
+        )
+    return len(expired)
+
+
+def count_live(tx: Tx) -> int:
+    row = tx.execute(
+        "SELECT COUNT(*) FROM sessions WHERE ended_reason IS NULL AND expires_ms > ?",
+        (tx.now_ms,),
+    ).fetchone()
+    return int(row[0])
+
+
+def count_slots(tx: Tx, session_id: str) -> int:
+    row = tx.execute(
+        "SELECT COUNT(*) FROM slots WHERE session_id = ? AND lease_deadline_ms > ?",
+        (session_id, tx.now_ms),
+    ).fetchone()
+    return int(row[0])
