@@ -58,7 +58,7 @@ def start(c: httpx.Client, ttl: int = 30, **extra: Any) -> dict[str, Any]:
 def take(c: httpx.Client, key: str, session_id: str, token: str | None = None,
          **extra: Any) -> httpx.Response:
     return c.put(f"/v1/locks/{key}/lease", headers=lock_headers(token or new_token()),
-                 json={"session_id": session_id, **extra})
+                 json={"ttl_seconds": 30, "session_id": session_id, **extra})
 
 
 def error(resp: httpx.Response, status: int, code: str) -> dict[str, Any]:
@@ -176,7 +176,7 @@ def test_another_keys_session_is_not_found(server: ServerProcess, member: httpx.
     sid = start(member)["session_id"]
     key = unique_name("sess")
     if call == "lock":
-        resp = take(other, key, sid, ttl_seconds=30)
+        resp = take(other, key, sid)
     elif call == "slot":
         pool = unique_name("sesspool")
         with server.client() as admin:
@@ -319,9 +319,8 @@ def test_inspect_refuses_a_query_string(member: httpx.Client) -> None:
                                  "ses_" + "A" * 65])
 def test_a_malformed_session_id_on_acquire_is_422(member: httpx.Client, sid: Any) -> None:
     key = unique_name("sess")
-    if sid is None:  # null with no ttl_seconds: as if no session was given
-        details = error(take(member, key, sid), 422, "validation_error")["details"]
-        assert [d["field"] for d in details] == ["ttl_seconds"]
+    if sid is None:  # null: as if no session was given
+        assert take(member, key, sid).status_code == 201
         return
     details = error(take(member, key, sid), 422, "validation_error")["details"]
     assert [d["field"] for d in details] == ["session_id"]
@@ -343,9 +342,10 @@ def test_an_unknown_session_on_acquire_is_404(server: ServerProcess,
     assert member.get(f"/v1/pools/{pool}").json()["in_use"] == 0
 
 
-def test_a_lease_without_ttl_or_session_is_422(member: httpx.Client) -> None:
+def test_a_lease_without_ttl_is_422_even_with_a_session(member: httpx.Client) -> None:
+    sid = start(member)["session_id"]
     resp = member.put(f"/v1/locks/{unique_name('sess')}/lease", headers=lock_headers(new_token()),
-                      json={"operation": "x"})
+                      json={"session_id": sid})
     details = error(resp, 422, "validation_error")["details"]
     assert [d["field"] for d in details] == ["ttl_seconds"]
 

@@ -12,7 +12,15 @@ policy). The clients only move bytes and run the keeper in a task or a thread.
             store.write(data, fencing_token=lock.fencing_token)
 """
 
-from fencepost.client.aio import AsyncClient, AsyncLockHold, AsyncSlotHold
+from fencepost.client.aio import (
+    AsyncAttachedLock,
+    AsyncAttachedSlot,
+    AsyncClient,
+    AsyncLockHold,
+    AsyncLockSet,
+    AsyncSessionHold,
+    AsyncSlotHold,
+)
 from fencepost.client.keeper import Loss
 from fencepost.client.methods import METHOD_NAMES, Methods
 from fencepost.client.models import (
@@ -30,6 +38,10 @@ from fencepost.client.models import (
     LockPage,
     PoolInfo,
     PoolPage,
+    SessionEnd,
+    SessionGrant,
+    SessionInfo,
+    SessionPool,
     SlotGrant,
     SlotHolder,
     SlotRenewal,
@@ -38,14 +50,28 @@ from fencepost.client.models import (
 )
 from fencepost.client.outcome import Outcome, outcome_from_response
 from fencepost.client.retrying import NO_RETRIES, Retries
-from fencepost.client.sync import Client, LockHold, SlotHold
+from fencepost.client.sync import (
+    AttachedLock,
+    AttachedSlot,
+    Client,
+    LockHold,
+    LockSet,
+    SessionHold,
+    SlotHold,
+)
 from fencepost.client.transport import DEFAULT_URL, Settings
 
 __all__ = [
     "DEFAULT_URL",
     "METHOD_NAMES",
     "NO_RETRIES",
+    "AsyncAttachedLock",
+    "AsyncAttachedSlot",
     "AsyncClient",
+    "AsyncLockSet",
+    "AsyncSessionHold",
+    "AttachedLock",
+    "AttachedSlot",
     "AsyncLockHold",
     "AsyncSlotHold",
     "Client",
@@ -62,12 +88,18 @@ __all__ = [
     "LockHold",
     "LockInfo",
     "LockPage",
+    "LockSet",
     "Loss",
     "Methods",
     "Outcome",
     "PoolInfo",
     "PoolPage",
     "Retries",
+    "SessionEnd",
+    "SessionGrant",
+    "SessionHold",
+    "SessionInfo",
+    "SessionPool",
     "Settings",
     "SlotGrant",
     "SlotHold",

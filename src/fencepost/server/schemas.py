@@ -56,9 +56,10 @@ class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
 
 
 class AcquireLockBody(Request):
-    # Required unless `session_id` is given (the route says so with a 422):
-    # an attached lease's expiry is its session's.
-    ttl_seconds: TtlSeconds | None = None
+    # Required as SPEC §3.1 says, even with `session_id` (then checked and not
+    # used: an attached lease's expiry is its session's), so that one schema
+    # describes every acquire and a forgotten TTL is never silently accepted.
+    ttl_seconds: TtlSeconds
     wait_seconds: WaitSeconds = 0.0
     operation: Operation | None = None
     metadata: Metadata | None = None

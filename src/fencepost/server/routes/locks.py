@@ -86,17 +86,13 @@ def _metadata_json(metadata: dict[str, Any] | None) -> str | None:
 
 
 def _lease_ttl(body: schemas.AcquireLockBody) -> int:
-    """The lease's own TTL: required, unless the lease follows a session (then
-    a TTL given is not used: the session's expiry is the lease's)."""
-    if body.session_id is None:
-        if body.ttl_seconds is None:
-            raise invalid_field("ttl_seconds", "required field is missing (or give session_id)")
-        return body.ttl_seconds
-    if body.on_expiry != OnExpiry.RELEASE.value:
+    """The lease's own TTL (with a session it is not used: the lease's expiry
+    is the session's)."""
+    if body.session_id is not None and body.on_expiry != OnExpiry.RELEASE.value:
         # A lease that outlives its session would defeat the session's purpose.
         raise invalid_field("on_expiry", "a lease attached to a session ends with it: "
                             "only \"release\" may be combined with session_id")
-    return body.ttl_seconds or rules.TTL_MIN_SECONDS
+    return body.ttl_seconds
 
 
 async def acquire(request: Request) -> Response:
