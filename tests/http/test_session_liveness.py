@@ -16,7 +16,6 @@ from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
-
 from support import ServerProcess, lock_headers, new_token, track, unique_name
 
 SESSION_TTL = 5
@@ -26,9 +25,9 @@ HOLDER = """
 import json, sys
 import fencepost
 
-url, key, pool, *keys = sys.argv[1:]
+url, key, ttl, pool, *keys = sys.argv[1:]
 with fencepost.Client(url, key) as client:
-    with client.session(ttl=%d, raise_on_loss=False) as session:
+    with client.session(ttl=int(ttl), raise_on_loss=False) as session:
         with session.lock_many(keys) as locks, session.slot(pool):
             print(json.dumps({"session_id": session.session_id,
                               "tokens": locks.fencing_tokens}), flush=True)
@@ -37,7 +36,7 @@ with fencepost.Client(url, key) as client:
             print(json.dumps({"reason": session.loss.reason,
                               "code": None if error is None else error.code,
                               "locks_lost": locks.lost}), flush=True)
-""" % SESSION_TTL
+"""
 
 
 def epoch_s(at: str) -> float:
@@ -74,7 +73,7 @@ def test_a_paused_holder_loses_its_session_and_everything_attached(
         assert admin.put(f"/v1/pools/{pool}", json={
             "limit": 1, "request_timeout_ms": 3_600_000}).status_code == 201
     holder = track(subprocess.Popen(
-        [sys.executable, "-c", HOLDER, srv.base_url, key, pool, *keys],
+        [sys.executable, "-c", HOLDER, srv.base_url, key, str(SESSION_TTL), pool, *keys],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     ))
     try:

@@ -11,7 +11,6 @@ from typing import Any, Callable
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
-
 from support import ServerProcess, lock_headers, new_token, unique_name
 
 
