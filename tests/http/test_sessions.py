@@ -4,6 +4,7 @@ exactly like one that never existed."""
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import datetime
 from typing import Any, Iterator
@@ -402,3 +403,30 @@ def test_the_session_id_is_never_logged(server: ServerProcess, member: httpx.Cli
     for path in (server.access_log, server.stdout_path, server.stderr_path):
         if path.exists():
             assert sid not in path.read_text()
+
+
+def test_the_event_log_tells_a_sessions_start_and_end(server: ServerProcess,
+                                                      member: httpx.Client) -> None:
+    started, ended = new_token(), new_token()
+    sid = member.post("/v1/sessions", json={"ttl_seconds": 30},
+                      headers={"X-Request-Id": started}).json()["session_id"]
+    take(member, unique_name("sess"), sid)
+    member.delete(f"/v1/sessions/{sid}", headers={"X-Request-Id": ended})
+
+    def events() -> dict[str, dict[str, Any]]:
+        found = {}
+        for line in server.stderr_path.read_text().splitlines():
+            if line.startswith("{") and (started in line or ended in line):
+                event = json.loads(line)
+                found[event["event"]] = event
+        return found
+
+    deadline = time.monotonic() + 10
+    while set(events()) < {"session.started", "session.ended", "lease.session_ended"}:
+        assert time.monotonic() < deadline, events()
+        time.sleep(0.05)
+    seen = events()
+    assert seen["session.ended"]["reason"] == "session_ended"
+    assert (seen["session.ended"]["leases"], seen["session.ended"]["slots"]) == (1, 0)
+    assert seen["session.started"]["request_id"] == started
+    assert sid not in server.stderr_path.read_text()

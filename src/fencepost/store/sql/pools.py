@@ -10,6 +10,7 @@ from typing import Any
 from fencepost.core import governor as gov
 from fencepost.core import slots as rules
 from fencepost.core.governor import GovernorState, Hint, Outcome
+from fencepost.core.sessions import attached_expiry_ms
 from fencepost.core.slots import PoolConfig, Slot
 from fencepost.errors import NotFound
 from fencepost.events import Ended, Granted, PoolChanged
@@ -518,7 +519,7 @@ def attach(tx: Tx, attempt: SlotAttempt, session_id: str, session_expires_ms: in
     slot = attempt.slot
     if slot is None:
         return attempt
-    deadline = min(session_expires_ms, slot.request_deadline_ms)
+    deadline = attached_expiry_ms(session_expires_ms, slot.request_deadline_ms)
     tx.execute(
         "UPDATE slots SET session_id = ?, lease_deadline_ms = ? WHERE slot_id = ?",
         (session_id, deadline, slot.slot_id),
