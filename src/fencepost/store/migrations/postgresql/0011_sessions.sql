@@ -19,7 +19,7 @@ CREATE TABLE sessions (
 );
 -- The reaper finds expired live sessions, and forgets old ended ones, by these.
 CREATE INDEX sessions_live_by_expiry ON sessions (expires_ms) WHERE ended_reason IS NULL;
-CREATE INDEX sessions_by_end ON sessions (ended_ms) WHERE ended_reason IS NOT NULL;
+CREATE INDEX sessions_by_end ON sessions (ended_ms);
 
 -- Leases and slots attached to a session: their expiry is kept equal to the
 -- session's, and renewing or ending the session updates them by this index.
