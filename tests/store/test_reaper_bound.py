@@ -13,7 +13,6 @@ from fencepost.core.leases import AcquireRequest, Granted
 from fencepost.core.slots import PoolConfig
 from fencepost.errors import LeaseExpired, LeaseLost
 from fencepost.store.base import Freed, lock_freed, pool_freed
-from fencepost.store.sql_store import REAP_BOUND
 
 P = "default"
 BOUND = 5
@@ -83,8 +82,3 @@ async def test_dead_waiters_leave_at_most_the_bound_per_pass(store, clock):
         woken.append((lock_freed(P, "k") in freed, pool_freed(P, "api") in freed))
     assert woken == [(True, True), (True, True), (True, True), (False, False)]
 
-
-def test_the_bound_leaves_a_normal_load_one_pass():
-    # Four passes a second (the server's REAP_INTERVAL_S); a normal load ends
-    # far fewer than this many leases per pass, so it ends them in one.
-    assert REAP_BOUND >= 1_000
