@@ -153,26 +153,26 @@ def _wanted_wait_ms(call: Call[schemas.AcquireSlotBody | None]) -> tuple[int, bo
     return wait_ms, no_queue is not None and no_queue.strip().lower() not in _FALSE_WORDS
 
 
-def _paused_message(attempt: SlotAttempt) -> str | None:
-    if attempt.paused_until_ms is None:
+def _paused_message(result: SlotAttempt) -> str | None:
+    if result.paused_until_ms is None:
         return None
-    return (f"The pool is paused until {format_at(attempt.paused_until_ms)}: the upstream "
+    return (f"The pool is paused until {format_at(result.paused_until_ms)}: the upstream "
             "reported its shared budget empty.")
 
 
-def _too_many(attempt: SlotAttempt) -> TooManyRequests:
-    full = attempt.in_use >= attempt.effective_limit
-    paused = _paused_message(attempt)
-    message = paused or (f"All {attempt.effective_limit} slots are in use." if full
+def _too_many(result: SlotAttempt) -> TooManyRequests:
+    full = result.in_use >= result.effective_limit
+    paused = _paused_message(result)
+    message = paused or (f"All {result.effective_limit} slots are in use." if full
                          else "The pool is pacing admissions to the upstream's rate.")
-    extra: dict[str, Any] = {} if attempt.paused_until_ms is None else {
-        "paused_until_at": format_at(attempt.paused_until_ms)}
+    extra: dict[str, Any] = {} if result.paused_until_ms is None else {
+        "paused_until_at": format_at(result.paused_until_ms)}
     return TooManyRequests(
         message,
         # During a pause the answer names its end (SPEC §4.5), not the next probe.
-        retry_after_ms=attempt.pause_left_ms or attempt.retry_after_ms,
-        in_use=attempt.in_use,
-        effective_limit=attempt.effective_limit,
+        retry_after_ms=result.pause_left_ms or result.retry_after_ms,
+        in_use=result.in_use,
+        effective_limit=result.effective_limit,
         **extra,
     )
 
