@@ -4,11 +4,12 @@ the OpenAPI document shows is also what the app checks, so the two agree."""
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
 from fencepost.errors import FencepostError, InvalidRequest, NotFound, ValidationError
-from fencepost.server.http import required_uuid_header
+from fencepost.server.http import CANONICAL_UUID, required_uuid_header
 from fencepost.server.messages import Request
 from fencepost.server.validation import invalid_field
 
@@ -47,19 +48,16 @@ def _path_check(param: Param) -> Check:
     schema = param.schema
     pattern = re.compile(schema["pattern"]) if "pattern" in schema else None
     enum = frozenset(schema.get("enum", ()))
-    shortest, longest = schema.get("minLength", 0), schema.get("maxLength")
+    shortest, longest = schema.get("minLength", 0), schema.get("maxLength", sys.maxsize)
     name = param.name
-
-    def fits(value: str) -> bool:
-        return (
-            (pattern is None or pattern.fullmatch(value) is not None)
-            and (not enum or value in enum)
-            and len(value) >= shortest and (longest is None or len(value) <= longest)
-        )
 
     def check(request: Request) -> str:
         value = request.path_params[name]
-        if not fits(value):
+        if (
+            (pattern is not None and pattern.fullmatch(value) is None)
+            or (enum and value not in enum)
+            or not shortest <= len(value) <= longest
+        ):
             raise _refusal(param)
         return value
 
@@ -81,6 +79,9 @@ def _header_check(param: Param) -> Check:
         assert param.required and param.refused_with is InvalidRequest
 
         def uuid_check(request: Request) -> str:
+            value = request.headers.get(header)
+            if value is not None and CANONICAL_UUID.fullmatch(value):
+                return value  # the usual form, without a second call
             return required_uuid_header(request, header)
 
         return uuid_check
