@@ -143,7 +143,7 @@ class ServerProcess:
         env.update(self.extra_env)
         return env
 
-    def start(self, timeout: float = 20.0) -> "ServerProcess":
+    def start(self, timeout: float = 20.0) -> ServerProcess:
         self.spawn()
         try:
             return self.wait_ready(timeout)
@@ -183,7 +183,7 @@ class ServerProcess:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, sig)
 
-    def wait_ready(self, timeout: float = 20.0) -> "ServerProcess":
+    def wait_ready(self, timeout: float = 20.0) -> ServerProcess:
         assert self.proc is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+
 from fencepost.client import Retries
 
 FAST_RETRIES = Retries(attempts=4, budget_s=10, initial_s=0.05, max_backoff_s=0.2)

@@ -10,9 +10,9 @@ from typing import Any
 
 import httpx
 import pytest
-from client_support import FAST_RETRIES, Recorder, wait_until
 
 import fencepost
+from client_support import FAST_RETRIES, Recorder, wait_until
 from fencepost.errors import LeaseLost, LockHeld
 from support import ServerProcess, unique_name
 

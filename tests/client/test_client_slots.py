@@ -7,9 +7,9 @@ import asyncio
 
 import httpx
 import pytest
-from client_support import Recorder, wait_until
 
 import fencepost
+from client_support import Recorder, wait_until
 from fencepost.client.outcome import outcome_from_response
 from fencepost.errors import LeaseLost, QueueTimeout, TooManyRequests
 from support import ServerProcess, unique_name
@@ -24,7 +24,8 @@ def make_pool(client: fencepost.Client, **config: int) -> str:
 def test_sync_slot_renews_and_releases_with_outcome(client: fencepost.Client,
                                                     recorder: Recorder) -> None:
     pool = make_pool(client, term_ms=1500)
-    upstream = httpx.Response(429, headers={"retry-after": "1", "x-ratelimit-remaining-requests": "0",
+    upstream = httpx.Response(429, headers={"retry-after": "1",
+                                            "x-ratelimit-remaining-requests": "0",
                                             "set-cookie": "secret=1"})
     with client.slot(pool) as slot:
         assert slot.slot_id.startswith("slot_")

@@ -6,7 +6,7 @@ import math
 import re
 import secrets
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -33,7 +33,7 @@ def assert_error(resp: httpx.Response, status: int, code: str) -> dict[str, Any]
 
 def parse_at(value: str) -> datetime:
     assert isinstance(value, str) and TIME_AT.match(value), value
-    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc)
+    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
 
 
 def raw_client(server: ServerProcess, headers: dict[str, str] | None = None) -> httpx.Client:
@@ -423,7 +423,7 @@ def test_create_key_response_fields(server: ServerProcess) -> None:
     assert body["allow_ips"] == ["127.0.0.1/32", "10.0.0.0/8"]
     assert body["rpm_quota"] == 500
     created_at, expires_at = parse_at(body["created_at"]), parse_at(body["expires_at"])
-    assert abs((created_at - datetime.now(timezone.utc)).total_seconds()) < 60
+    assert abs((created_at - datetime.now(UTC)).total_seconds()) < 60
     assert abs((expires_at - created_at).total_seconds() - 3600) <= 2, (created_at, expires_at)
     me = whoami(server, body["key"]).json()
     assert me == {"project": "default", "key_id": body["id"], "role": "member",

@@ -10,10 +10,10 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
+
 from support import ServerProcess, free_port, lock_headers, new_token, unique_name
 
 # The test's client connects from a second loopback address, so that the

@@ -8,7 +8,7 @@ import re
 import socket
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -41,7 +41,7 @@ def assert_envelope(resp: httpx.Response, status: int, code: str) -> dict[str, A
 
 def parse_at(value: str) -> datetime:
     assert isinstance(value, str) and TIME_AT.match(value), value
-    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc)
+    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
 
 
 def raw_exchange(port: int, head: bytes, body: bytes = b"", timeout: float = 10.0
@@ -405,7 +405,7 @@ def test_time_fields_are_rfc3339_ms_z(server: ServerProcess) -> None:
                                        ("acquired_at", "expires_at", "deadline_at"))
         assert abs(expires - acquired - timedelta(seconds=30)) <= timedelta(milliseconds=1)
         assert abs(deadline - acquired - timedelta(days=90)) <= timedelta(milliseconds=1)
-        assert abs((acquired - datetime.now(timezone.utc)).total_seconds()) < 60
+        assert abs((acquired - datetime.now(UTC)).total_seconds()) < 60
         state = c.get(f"/v1/locks/{name}").json()
         for field in ("acquired_at", "expires_at", "deadline_at"):
             assert state[field] == body[field]

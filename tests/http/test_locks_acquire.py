@@ -98,7 +98,8 @@ def test_grant_echoes_keep_and_defaults_operation_to_null(member: httpx.Client) 
     body = resp.json()
     assert body["on_expiry"] == "keep"
     assert body["operation"] is None
-    assert abs(parse_ts(body["expires_at"]) - (parse_ts(body["acquired_at"]) + timedelta(seconds=5))) <= ONE_MS
+    expected = parse_ts(body["acquired_at"]) + timedelta(seconds=5)
+    assert abs(parse_ts(body["expires_at"]) - expected) <= ONE_MS
 
 
 def test_grant_with_all_optional_fields_is_visible_on_inspect(member: httpx.Client) -> None:
@@ -327,7 +328,8 @@ def test_unauthenticated_acquire_is_401(server: ServerProcess) -> None:
     ],
     ids=["no-lock-token", "no-request-id", "bad-lock-token", "bad-request-id"],
 )
-def test_missing_or_malformed_headers_are_400(member: httpx.Client, headers: dict[str, str]) -> None:
+def test_missing_or_malformed_headers_are_400(member: httpx.Client,
+                                              headers: dict[str, str]) -> None:
     key = unique_name()
     resp = member.put(f"/v1/locks/{key}/lease", headers=headers, json={"ttl_seconds": 30})
     error_of(resp, 400, "invalid_request")

@@ -241,7 +241,8 @@ def test_list_without_prefix_includes_this_tests_locks(
         ({"lmit": 5}, "lmit"),
     ],
 )
-def test_list_with_bad_query_is_422(reader: httpx.Client, params: dict[str, Any], field: str) -> None:
+def test_list_with_bad_query_is_422(reader: httpx.Client, params: dict[str, Any],
+                                    field: str) -> None:
     err = error_of(reader.get("/v1/locks", params=params), 422, "validation_error")
     assert field in {d["field"] for d in err["details"]}, err
 
@@ -438,7 +439,8 @@ def test_force_release_is_written_to_the_access_log_with_the_key_id(
     assert server.admin_key not in str(entry)
 
 
-def test_force_release_of_free_lock_is_logged_too(server: ServerProcess, admin: httpx.Client) -> None:
+def test_force_release_of_free_lock_is_logged_too(server: ServerProcess,
+                                                  admin: httpx.Client) -> None:
     key = unique_name("audit-free")
     assert admin.delete(f"/v1/locks/{key}").json()["released"] is False
 

@@ -18,6 +18,7 @@ from typing import Any, Iterator
 
 import httpx
 import pytest
+
 from support import ServerProcess, unique_name
 
 SLOT_ID = re.compile(r"^slot_[A-Za-z0-9_-]{32}$")

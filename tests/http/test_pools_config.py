@@ -9,6 +9,7 @@ from typing import Any, Iterator
 
 import httpx
 import pytest
+
 from support import ServerProcess, unique_name
 
 MAX_BODY = 64 * 1024

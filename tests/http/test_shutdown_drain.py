@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from support import ServerProcess, lock_headers, new_token, unique_name
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+
 from support import ServerProcess
 
 CHROMIUM = "/usr/bin/chromium"
