@@ -4,12 +4,11 @@ package clean under `mypy --strict`."""
 from __future__ import annotations
 
 import importlib.util
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from support import missing
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -17,11 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def _tool(module: str) -> None:
     """Skip on a developer's machine without `module` (the test extras install it); under
     CI=true a missing tool is a failure, so the check cannot pass by not running."""
-    if importlib.util.find_spec(module) is not None:
-        return
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{module} is required under CI=true (pip install -e '.[test]')")
-    pytest.skip(f"{module} is installed by the test extras")
+    if importlib.util.find_spec(module) is None:
+        missing(f"{module} (pip install -e '.[test]')")
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,12 +102,3 @@ def error_response(status: int, code: str, **extra: Any) -> httpx.Response:
     body = {"error": {"code": code, "message": f"injected {code}", **extra}}
     return httpx.Response(status, content=json.dumps(body).encode(),
                           headers={"Content-Type": "application/json"})
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, step: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return predicate()

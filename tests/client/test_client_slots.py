@@ -9,10 +9,10 @@ import httpx
 import pytest
 
 import fencepost
-from client_support import Recorder, wait_until
+from client_support import Recorder
 from fencepost.client.outcome import outcome_from_response
 from fencepost.errors import LeaseLost, QueueTimeout, TooManyRequests
-from support import ServerProcess, unique_name
+from support import ServerProcess, unique_name, wait_for
 
 
 def make_pool(client: fencepost.Client, **config: int) -> str:
@@ -31,7 +31,7 @@ def test_sync_slot_renews_and_releases_with_outcome(client: fencepost.Client,
         assert slot.slot_id.startswith("slot_")
         assert slot.grant.pool == pool and slot.grant.renew_interval_ms == 500
         assert client.get_pool(pool).in_use == 1
-        assert wait_until(lambda: recorder.count("POST", "/renew") >= 2, timeout=3)
+        assert wait_for(lambda: recorder.count("POST", "/renew") >= 2, timeout=3)
         outcome = slot.report(upstream)
         slot.report(status=200)
     assert outcome.status == 429 and outcome.throttled == 1

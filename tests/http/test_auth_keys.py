@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import re
 import secrets
 import time
 from datetime import UTC, datetime
@@ -12,28 +11,18 @@ from typing import Any
 import httpx
 import pytest
 
-from support import BOOTSTRAP_KEY, ServerProcess, lock_headers, new_token, unique_name
+from support import (
+    BOOTSTRAP_KEY,
+    ServerProcess,
+    assert_error,
+    lock_headers,
+    new_token,
+    parse_at,
+    unique_name,
+)
 
-TIME_AT = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
 KEY_FIELDS = {"id", "key", "role", "name", "project", "expires_at", "allow_ips", "rpm_quota",
               "created_at"}
-
-
-def assert_error(resp: httpx.Response, status: int, code: str) -> dict[str, Any]:
-    assert resp.status_code == status, (
-        f"expected {status} {code}, got {resp.status_code}: {resp.text[:500]}")
-    assert resp.headers.get("content-type", "").startswith("application/json"), resp.headers
-    body = resp.json()
-    assert isinstance(body, dict) and set(body) == {"error"}, body
-    err = body["error"]
-    assert err.get("code") == code, body
-    assert isinstance(err.get("message"), str) and err["message"].strip(), body
-    return dict(err)
-
-
-def parse_at(value: str) -> datetime:
-    assert isinstance(value, str) and TIME_AT.match(value), value
-    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
 
 
 def raw_client(server: ServerProcess, headers: dict[str, str] | None = None) -> httpx.Client:

@@ -8,55 +8,18 @@ import json
 import re
 import threading
 import time
-from collections.abc import Callable
 from typing import Any, Iterator
 
 import httpx
 import pytest
 
-from support import ServerProcess, unique_name
+from support import ServerProcess, assert_error, detail_fields, parse_at, unique_name, wait_for
 
 SLOT_ID = re.compile(r"^slot_[A-Za-z0-9_-]{32}$")
-SNAKE = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$")
-AT = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
 UNKNOWN_SLOT = "slot_" + "A" * 32
 
 
 # --- helpers ---------------------------------------------------------------------------------
-
-
-def assert_error(resp: httpx.Response, status: int, code: str) -> dict[str, Any]:
-    assert resp.status_code == status, f"expected {status} {code}, got {resp.status_code}: " \
-                                       f"{resp.text[:500]}"
-    assert resp.headers.get("content-type", "").startswith("application/json"), resp.headers
-    body = resp.json()
-    assert isinstance(body, dict) and set(body) == {"error"}, body
-    err = body["error"]
-    assert err.get("code") == code, body
-    assert SNAKE.match(err["code"]), body
-    assert isinstance(err.get("message"), str) and err["message"].strip(), body
-    return dict(err)
-
-
-def detail_fields(err: dict[str, Any]) -> set[str]:
-    details = err.get("details")
-    assert isinstance(details, list) and details, f"no details: {err}"
-    names: set[str] = set()
-    for item in details:
-        assert isinstance(item, dict) and isinstance(item.get("field"), str), item
-        assert isinstance(item.get("message"), str) and item["message"], item
-        names.add(item["field"])
-        names.add(re.split(r"[./\[]", item["field"])[0])
-    return names
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 5.0, interval: float = 0.02) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() >= deadline:
-            return value
-        time.sleep(interval)
 
 
 def now_ms() -> float:
@@ -402,8 +365,7 @@ def test_outcome_reports_are_counted(admin: httpx.Client, member: httpx.Client) 
     assert stats["status_429"] == 1, stats
     assert stats["throttled"] == 5, stats
     assert stats["last_retry_after_ms"] == 2500, stats
-    assert isinstance(stats["last_reported_at"], str) and AT.match(stats["last_reported_at"]), \
-        stats
+    parse_at(stats["last_reported_at"])  # a time, in the `_at` format
     assert stats["reclaimed"] == 0
 
 
