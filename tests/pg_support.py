@@ -7,10 +7,11 @@ developer's machine, but under CI=true a missing server is a failure.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import uuid
-from typing import Iterator
+from typing import Any, Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 from support import missing
@@ -62,3 +63,20 @@ def drop_databases(names: list[str]) -> None:
     for name in names:
         with _admin_connection() as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+async def sessions_gone(url: str, store: Any) -> None:
+    """Wait until the closed PostgresStore `store` has no session left in the database at
+    `url`: PostgreSQL ends a session a moment after its client closed it."""
+    import psycopg
+
+    name = store._engine.application_name
+    with psycopg.connect(url, autocommit=True) as conn:
+        for _ in range(100):
+            row = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (name,)
+            ).fetchone()
+            if row is not None and row[0] == 0:
+                return
+            await asyncio.sleep(0.02)
+    raise AssertionError(f"the sessions of {name} are still there")

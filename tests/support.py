@@ -1,4 +1,8 @@
-"""Helpers for tests that talk to a real `fencepost serve` process over HTTP."""
+"""The helpers every test folder shares, each written once: a real `fencepost serve` process
+(ServerProcess, server_fleet) and the leak check on what the tests start, checks of the API's
+answers (the error envelope, 422 details, `_at` times), waiting for a condition (wait_for,
+wait_until), and what to do when a tool is missing (a failure under CI=true, else a skip).
+Folder-specific helpers live beside their tests (cli/cli_support.py, http/lock_support.py, ...)."""
 
 from __future__ import annotations
 

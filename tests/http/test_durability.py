@@ -8,21 +8,13 @@ from typing import Any
 
 import httpx
 
+from lock_support import release, renew
 from support import ServerProcess, assert_error, lock_headers, new_token, unique_name, wait_for
 
 
 def acquire(c: httpx.Client, key: str, token: str, ttl: int = 600, **body: Any) -> httpx.Response:
     return c.put(f"/v1/locks/{key}/lease", headers=lock_headers(token),
                  json={"ttl_seconds": ttl, **body})
-
-
-def renew(c: httpx.Client, key: str, token: str, ttl: int) -> httpx.Response:
-    return c.patch(f"/v1/locks/{key}/lease", headers=lock_headers(token),
-                   json={"ttl_seconds": ttl})
-
-
-def release(c: httpx.Client, key: str, token: str) -> httpx.Response:
-    return c.delete(f"/v1/locks/{key}/lease", headers={"X-Lock-Token": token})
 
 
 def test_acknowledged_grants_renewals_and_releases_survive_kill9(

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from lock_support import acquire
 from support import (
     ServerProcess,
     assert_error,
@@ -30,24 +31,8 @@ NINETY_DAYS = timedelta(days=90)
 ONE_MS = timedelta(milliseconds=1)
 
 
-def acquire(c: httpx.Client, key: str, token: str, ttl: int = 30, **body: Any) -> httpx.Response:
-    return c.put(f"/v1/locks/{key}/lease", headers=lock_headers(token),
-                 json={"ttl_seconds": ttl, **body})
-
-
 def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-@pytest.fixture(scope="module")
-def member_key(server: ServerProcess) -> str:
-    return str(server.create_key("member", name="acquire-tests")["key"])
-
-
-@pytest.fixture
-def member(server: ServerProcess, member_key: str) -> Any:
-    with server.client(member_key) as c:
-        yield c
 
 
 # --- new grant ---------------------------------------------------------------------------------

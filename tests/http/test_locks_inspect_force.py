@@ -8,6 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
+from lock_support import acquire
 from support import (
     ServerProcess,
     assert_error,
@@ -26,39 +27,6 @@ STATE_FIELDS = {
 
 def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def acquire(c: httpx.Client, key: str, token: str, ttl: int = 30, **body: Any) -> httpx.Response:
-    return c.put(f"/v1/locks/{key}/lease", headers=lock_headers(token),
-                 json={"ttl_seconds": ttl, **body})
-
-
-@pytest.fixture(scope="module")
-def member_key(server: ServerProcess) -> str:
-    return str(server.create_key("member", name="inspect-force-tests")["key"])
-
-
-@pytest.fixture(scope="module")
-def reader_key(server: ServerProcess) -> str:
-    return str(server.create_key("reader", name="inspect-force-reader")["key"])
-
-
-@pytest.fixture
-def member(server: ServerProcess, member_key: str) -> Any:
-    with server.client(member_key) as c:
-        yield c
-
-
-@pytest.fixture
-def reader(server: ServerProcess, reader_key: str) -> Any:
-    with server.client(reader_key) as c:
-        yield c
-
-
-@pytest.fixture
-def admin(server: ServerProcess) -> Any:
-    with server.client() as c:
-        yield c
 
 
 # --- GET /v1/locks/{key} -----------------------------------------------------------------------

@@ -4,49 +4,18 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import httpx
 import pytest
 
-from support import ServerProcess, assert_error, lock_headers, new_token, parse_at, unique_name
+from lock_support import acquire, release, renew
+from support import ServerProcess, assert_error, new_token, parse_at, unique_name
 
 ONE_MS = timedelta(milliseconds=1)
 
 
-def acquire(c: httpx.Client, key: str, token: str, ttl: int = 30, **body: Any) -> httpx.Response:
-    return c.put(f"/v1/locks/{key}/lease", headers=lock_headers(token),
-                 json={"ttl_seconds": ttl, **body})
-
-
-def renew(c: httpx.Client, key: str, token: str, ttl: int) -> httpx.Response:
-    return c.patch(f"/v1/locks/{key}/lease", headers=lock_headers(token),
-                   json={"ttl_seconds": ttl})
-
-
-def release(c: httpx.Client, key: str, token: str) -> httpx.Response:
-    return c.delete(f"/v1/locks/{key}/lease", headers={"X-Lock-Token": token})
-
-
 def sleep_until(moment: float) -> None:
     time.sleep(max(0.0, moment - time.monotonic()))
-
-
-@pytest.fixture(scope="module")
-def member_key(server: ServerProcess) -> str:
-    return str(server.create_key("member", name="renew-release-tests")["key"])
-
-
-@pytest.fixture
-def member(server: ServerProcess, member_key: str) -> Any:
-    with server.client(member_key) as c:
-        yield c
-
-
-@pytest.fixture
-def admin(server: ServerProcess) -> Any:
-    with server.client() as c:
-        yield c
 
 
 # --- renew -------------------------------------------------------------------------------------

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-import pytest
 
+from lock_support import acquire, release
 from support import (
     ServerProcess,
     assert_error,
@@ -24,15 +24,6 @@ from support import (
     unique_name,
     wait_for,
 )
-
-
-def acquire(c: httpx.Client, key: str, token: str, ttl: int = 30, **body: Any) -> httpx.Response:
-    return c.put(f"/v1/locks/{key}/lease", headers=lock_headers(token),
-                 json={"ttl_seconds": ttl, **body})
-
-
-def release(c: httpx.Client, key: str, token: str) -> httpx.Response:
-    return c.delete(f"/v1/locks/{key}/lease", headers={"X-Lock-Token": token})
 
 
 def waiters(c: httpx.Client, key: str) -> int:
@@ -85,17 +76,6 @@ def start_waiter(
     waiter.thread = threading.Thread(target=run, name=name, daemon=True)
     waiter.thread.start()
     return waiter
-
-
-@pytest.fixture(scope="module")
-def member_key(server: ServerProcess) -> str:
-    return str(server.create_key("member", name="waiting-tests")["key"])
-
-
-@pytest.fixture
-def member(server: ServerProcess, member_key: str) -> Any:
-    with server.client(member_key) as c:
-        yield c
 
 
 class Hammer:

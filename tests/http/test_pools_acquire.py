@@ -14,11 +14,12 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import pytest
 
+from pool_support import pool_state, release, renew
 from support import ServerProcess, assert_error, detail_fields, unique_name, wait_for
 
 SLOT_ID = re.compile(r"^slot_[A-Za-z0-9_-]{32}$")
@@ -36,12 +37,6 @@ def make_pool(c: httpx.Client, **config: Any) -> str:
     return name
 
 
-def pool_state(c: httpx.Client, pool: str) -> dict[str, Any]:
-    resp = c.get(f"/v1/pools/{pool}")
-    assert resp.status_code == 200, resp.text
-    return dict(resp.json())
-
-
 def acquire(c: httpx.Client, pool: str, body: Any = None, headers: dict[str, str] | None = None
             ) -> httpx.Response:
     kwargs: dict[str, Any] = {"headers": headers or {}}
@@ -54,14 +49,6 @@ def grab(c: httpx.Client, pool: str) -> dict[str, Any]:
     resp = acquire(c, pool)
     assert resp.status_code == 200, resp.text
     return dict(resp.json())
-
-
-def release(c: httpx.Client, pool: str, slot_id: str, **kwargs: Any) -> httpx.Response:
-    return c.post(f"/v1/pools/{pool}/lock/{slot_id}/release", **kwargs)
-
-
-def renew(c: httpx.Client, pool: str, slot_id: str) -> httpx.Response:
-    return c.post(f"/v1/pools/{pool}/lock/{slot_id}/renew")
 
 
 def timed(fn: Callable[[], httpx.Response]) -> tuple[httpx.Response, float]:
@@ -114,28 +101,6 @@ def start_waiter(
 
 def queued(c: httpx.Client, pool: str) -> int:
     return int(pool_state(c, pool)["queued"])
-
-
-@pytest.fixture(scope="module")
-def member_key(server: ServerProcess) -> str:
-    return str(server.create_key("member", name="pool-acquire-member")["key"])
-
-
-@pytest.fixture(scope="module")
-def reader_key(server: ServerProcess) -> str:
-    return str(server.create_key("reader", name="pool-acquire-reader")["key"])
-
-
-@pytest.fixture(scope="module")
-def admin(server: ServerProcess) -> Iterator[httpx.Client]:
-    with server.client() as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def member(server: ServerProcess, member_key: str) -> Iterator[httpx.Client]:
-    with server.client(member_key) as c:
-        yield c
 
 
 @dataclass

@@ -8,11 +8,12 @@ import json
 import re
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import pytest
 
+from pool_support import acquire, make_pool, pool_state, release, renew
 from support import ServerProcess, assert_error, detail_fields, parse_at, unique_name, wait_for
 
 SLOT_ID = re.compile(r"^slot_[A-Za-z0-9_-]{32}$")
@@ -26,55 +27,12 @@ def now_ms() -> float:
     return time.time() * 1000
 
 
-def make_pool(c: httpx.Client, name: str | None = None, **config: Any) -> str:
-    name = name or unique_name("pool")
-    config.setdefault("limit", 2)
-    resp = c.put(f"/v1/pools/{name}", json=config)
-    assert resp.status_code == 201, resp.text
-    return name
-
-
-def pool_state(c: httpx.Client, pool: str) -> dict[str, Any]:
-    resp = c.get(f"/v1/pools/{pool}")
-    assert resp.status_code == 200, resp.text
-    return dict(resp.json())
-
-
-def acquire(c: httpx.Client, pool: str, **kwargs: Any) -> httpx.Response:
-    return c.post(f"/v1/pools/{pool}/lock/acquire", **kwargs)
-
-
 def grab(c: httpx.Client, pool: str) -> dict[str, Any]:
     resp = acquire(c, pool)
     assert resp.status_code == 200, resp.text
     body = dict(resp.json())
     assert SLOT_ID.match(body["slot_id"]), body
     return body
-
-
-def renew(c: httpx.Client, pool: str, slot_id: str, **kwargs: Any) -> httpx.Response:
-    return c.post(f"/v1/pools/{pool}/lock/{slot_id}/renew", **kwargs)
-
-
-def release(c: httpx.Client, pool: str, slot_id: str, **kwargs: Any) -> httpx.Response:
-    return c.post(f"/v1/pools/{pool}/lock/{slot_id}/release", **kwargs)
-
-
-@pytest.fixture(scope="module")
-def admin(server: ServerProcess) -> Iterator[httpx.Client]:
-    with server.client() as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def member_key(server: ServerProcess) -> str:
-    return str(server.create_key("member", name="pool-slots-member")["key"])
-
-
-@pytest.fixture(scope="module")
-def member(server: ServerProcess, member_key: str) -> Iterator[httpx.Client]:
-    with server.client(member_key) as c:
-        yield c
 
 
 # --- renew -----------------------------------------------------------------------------------
