@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from tenacity import RetryCallState, Retrying
+
+import fencepost
 from client_support import (
     AsyncFaultyTransport,
     Fault,
@@ -13,9 +16,6 @@ from client_support import (
     Recorder,
     error_response,
 )
-from tenacity import RetryCallState, Retrying
-
-import fencepost
 from fencepost.client import Retries
 from fencepost.client.retrying import should_retry, tenacity_options
 from fencepost.client.wire import Call, decode_flag
