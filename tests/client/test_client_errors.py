@@ -15,7 +15,7 @@ from client_support import FAST_RETRIES
 import fencepost
 from fencepost import errors
 from fencepost.client.operations import Op
-from fencepost.client.wire import Call, Reply, decode_flag, error_from_reply
+from fencepost.client.calls import Call, Reply, decode_flag, error_from_reply
 from fencepost.errors import ERRORS_BY_CODE, FencepostError
 from support import ServerProcess, free_port, unique_name
 

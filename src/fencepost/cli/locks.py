@@ -21,7 +21,7 @@ from fencepost.cli.render import (
     when,
 )
 from fencepost.client.models import LockInfo
-from fencepost.client.wire import new_token
+from fencepost.client.calls import new_token
 
 TTL = click.IntRange(5, 7_776_000)
 

@@ -42,7 +42,7 @@ from fencepost.cli.stopping import (
 )
 from fencepost.client import AsyncClient
 from fencepost.client.aio import AsyncLockHold, AsyncSlotHold
-from fencepost.client.wire import Call
+from fencepost.client.calls import Call
 from fencepost.errors import FencepostError, LockHeld, QueueTimeout, TooManyRequests
 
 T = TypeVar("T")

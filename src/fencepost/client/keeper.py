@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from fencepost.client.models import Lease, LeaseRenewal, SlotGrant, SlotRenewal
 from fencepost.client.operations import Op, renew_call, renew_slot_call
-from fencepost.client.wire import Call, Sleep
+from fencepost.client.calls import Call, Sleep
 from fencepost.errors import (
     Capped,
     FencepostError,

@@ -37,7 +37,7 @@ from fencepost.client.models import (
     WhoAmI,
 )
 from fencepost.client.outcome import Outcome
-from fencepost.client.wire import (
+from fencepost.client.calls import (
     MAX_LOCK_WAIT_S,
     Call,
     Reply,

@@ -23,7 +23,7 @@ from fencepost.client.models import OnExpiry
 from fencepost.client.operations import Op
 from fencepost.client.retrying import RELEASE_RETRIES, Retries, tenacity_options
 from fencepost.client.transport import Settings, reply_of, transport_error
-from fencepost.client.wire import Call, Sleep, raise_for_status
+from fencepost.client.calls import Call, Sleep, raise_for_status
 from fencepost.errors import FencepostError, TransportError, UnexpectedResponse
 
 T = TypeVar("T")

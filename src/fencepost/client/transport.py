@@ -13,7 +13,7 @@ import httpx
 
 from fencepost import __version__
 from fencepost.client.retrying import Retries
-from fencepost.client.wire import Call, Reply
+from fencepost.client.calls import Call, Reply
 from fencepost.errors import TransportError
 
 DEFAULT_URL = "http://127.0.0.1:7440"
