@@ -28,7 +28,7 @@ from fencepost.client.transport import (
     transport_error,
     waited_too_long,
 )
-from fencepost.client.turns import Turns
+from fencepost.client.turns import Turns, turn_limit
 from fencepost.errors import FencepostError, TransportError, UnexpectedResponse
 
 T = TypeVar("T")
@@ -168,13 +168,14 @@ class AsyncClient(CurrentKey, Methods, AsyncRunner):
         """One HTTP exchange for `call`, not retried. It first waits for one of
         the client's `MAX_IN_FLIGHT` turns (see `turns.py`), except a call that
         may wait on the server, which would hold its turn for the whole wait."""
-        now = time.monotonic()
-        timeout = self.settings.timeout_for(call, now)
         if call.wait is None:
+            limit = turn_limit(call, self.settings.timeout)
             try:
-                await self._turns.take(urgent=call.renews, timeout=timeout.read)
+                await self._turns.take(urgent=call.renews, timeout=limit)
             except TimeoutError:
                 raise waited_too_long(self.url) from None
+        now = time.monotonic()
+        timeout = self.settings.timeout_for(call, now)
         try:
             response = await self._http.request(
                 call.method, call.path, json=call.body_at(now), params=call.params,

@@ -31,6 +31,7 @@ from fencepost.client.transport import (
     transport_error,
     waited_too_long,
 )
+from fencepost.client.turns import turn_limit
 from fencepost.errors import FencepostError, TransportError, UnexpectedResponse
 
 T = TypeVar("T")
@@ -158,11 +159,13 @@ class Client(CurrentKey, Methods, SyncRunner):
 
     def _send_once(self, call: Call[T]) -> T:
         """One HTTP exchange for `call`, not retried. As in `AsyncClient`, at most
-        `MAX_IN_FLIGHT` calls that do not wait on the server are sent at once."""
+        `MAX_IN_FLIGHT` calls that do not wait on the server are sent at once
+        (here in the order they come)."""
+        limit = turn_limit(call, self.settings.timeout)
+        if call.wait is None and not self._turns.acquire(timeout=limit):
+            raise waited_too_long(self.url)
         now = time.monotonic()
         timeout = self.settings.timeout_for(call, now)
-        if call.wait is None and not self._turns.acquire(timeout=timeout.read):
-            raise waited_too_long(self.url)
         try:
             response = self._http.request(
                 call.method, call.path, json=call.body_at(now), params=call.params,

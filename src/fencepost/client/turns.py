@@ -10,7 +10,11 @@ a late renewal loses a lease, a late acquire or release only waits.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
+from typing import Any
+
+from fencepost.client.calls import Call
 
 
 class Turns:
@@ -49,3 +53,10 @@ class Turns:
                     waiter.set_result(None)
                     return
         self._free += 1
+
+
+def turn_limit(call: Call[Any], default_timeout: float) -> float | None:
+    """How long `call` may wait for its turn: a renewal no longer than its
+    timeout (its keeper must learn in time that the lease runs out); any other
+    call as long as the calls before it take, each ending within its timeout."""
+    return call.read_timeout(default_timeout, time.monotonic()) if call.renews else None
