@@ -10,10 +10,11 @@ Starts `fencepost serve` on SQLite (a temp dir, a free port), then with one
 - renewals/s: as many `renew_lock` calls as the client can make in
   `--renew-seconds` (64 tasks renewing 64 held leases), with the client's CPU
   time per renewal;
-- leases held: for each step N, N tasks each hold a lock (`ttl` seconds,
-  `raise_on_loss=False`) for `--hold` seconds; the step passes when none is
-  lost. Steps stop at the first one that loses a lease. Renewals that got
-  through are counted with the client's `on_renewed` hook.
+- leases held: for each step N, N tasks each acquire a lock (`ttl` seconds,
+  `raise_on_loss=False`), all of them hold it together for `--hold` seconds
+  once the last is granted, then release; the step passes when none is lost.
+  Steps stop at the first one that loses a lease. Renewals that got through
+  are counted with the client's `on_renewed` hook.
 
 Writes bench/results/client-<timestamp>.json and .md (and client-latest.md).
 How a step holds its leases is a `Variant`: `per-lease` renews each lease on
@@ -72,9 +73,12 @@ class Step:
         return not self.lost and self.failed_to_acquire == 0
 
 
-# How one task holds one lease for a step: (client, key, ttl, seconds) -> the
-# loss reason, or None when the lease was held throughout.
-HoldOne = Callable[[fencepost.AsyncClient, str, int, float], Awaitable[str | None]]
+# How one task holds one lease for a step: (client, key, ttl, while_held) ->
+# the loss reason, or None when the lease was held throughout. It acquires the
+# lease, awaits `while_held()` (which returns when the step ends: every lease
+# of the step held at once for the step's time) and releases it.
+WhileHeld = Callable[[], Awaitable[None]]
+HoldOne = Callable[[fencepost.AsyncClient, str, int, WhileHeld], Awaitable[str | None]]
 
 
 @dataclass(frozen=True)
@@ -89,9 +93,9 @@ class Variant:
 
 async def _per_lease(client: fencepost.AsyncClient, ttl: int) -> HoldOne:
     async def hold_one(client: fencepost.AsyncClient, key: str, ttl: int,
-                       seconds: float) -> str | None:
+                       while_held: WhileHeld) -> str | None:
         async with client.lock(key, ttl=ttl, raise_on_loss=False) as hold:
-            await asyncio.sleep(seconds)
+            await while_held()
             return hold.loss.reason if hold.loss is not None else None
 
     return hold_one
@@ -140,17 +144,34 @@ async def hold_step(url: str, variant: Variant, leases: int, ttl: int, hold_s: f
         lost: collections.Counter[str] = collections.Counter()
         prefix = f"{variant.name}-{leases}-{os.getpid()}-{time.monotonic_ns()}"
 
+        all_in = asyncio.Event()
+        settled = 0
+        t0 = time.monotonic()
+
+        def settle() -> None:
+            nonlocal settled
+            settled += 1
+            if settled == leases:
+                step.acquire_s = round(time.monotonic() - t0, 1)
+                all_in.set()
+
+        async def while_held() -> None:
+            settle()
+            await all_in.wait()
+            await asyncio.sleep(hold_s)
+
         async def one(i: int) -> None:
             try:
-                reason = await hold_one(client, f"{prefix}-{i}", ttl, hold_s)
+                reason = await hold_one(client, f"{prefix}-{i}", ttl, while_held)
             except FencepostError as exc:
                 step.failed_to_acquire += 1
                 step.acquire_errors[exc.code] = step.acquire_errors.get(exc.code, 0) + 1
+                settle()
                 return
             if reason is not None:
                 lost[reason] += 1
 
-        cpu0, t0 = time.process_time(), time.monotonic()
+        cpu0 = time.process_time()
         await asyncio.gather(*(one(i) for i in range(leases)))
         step.elapsed_s = round(time.monotonic() - t0, 1)
         step.client_cpu_s = round(time.process_time() - cpu0, 1)
@@ -174,16 +195,17 @@ def markdown(run: dict[str, Any]) -> str:
         f"({run['renewal_rate']['client_cpu_us_per_renewal']:.0f} µs of client CPU each, "
         f"{RENEWERS} tasks).",
         "",
-        "| variant | leases | TTL s | held s | lost | renewals/s | acquire+hold+release s "
-        "| client CPU s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| variant | leases | TTL s | all held s | lost | renewals/s | acquiring all s "
+        "| acquire+hold+release s | client CPU s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for s in run["steps"]:
         lost = ", ".join(f"{n} {r}" for r, n in s["lost"].items()) or "0"
         if s["failed_to_acquire"]:
             lost += f" ({s['failed_to_acquire']} not acquired)"
         lines.append(f"| {s['variant']} | {s['leases']} | {s['ttl']} | {s['hold_s']:g} | {lost} "
-                     f"| {s['renewals_per_s']:.0f} | {s['elapsed_s']:g} | {s['client_cpu_s']:g} |")
+                     f"| {s['renewals_per_s']:.0f} | {s['acquire_s']:g} | {s['elapsed_s']:g} "
+                     f"| {s['client_cpu_s']:g} |")
     lines += ["", "Largest number held without loss: " + ", ".join(
         f"{name}: {n}" for name, n in run["held_without_loss"].items()), ""]
     return "\n".join(lines)

@@ -1,6 +1,6 @@
 """One `AsyncClient` keeps thousands of leases alive, each renewed on its own:
-2,000 locks of 10 s held for 25 s (each renewed several times) against a real
-server, none lost. Before the client limited its requests in flight and kept
+2,000 locks of 10 s held together for 25 s (each renewed several times)
+against a real server, none lost. Before the client limited its requests in flight and kept
 its connections alive, about 300 such leases were the most one process held."""
 
 from __future__ import annotations
@@ -33,8 +33,16 @@ async def test_one_client_holds_two_thousand_leases_without_losing_one(
     async with fencepost.AsyncClient(server.base_url, server.admin_key,
                                      on_renewed=renewed.append) as client:
 
+        granted = 0
+        all_held = asyncio.Event()
+
         async def hold(i: int) -> None:
+            nonlocal granted
             async with client.lock(f"{prefix}-{i}", ttl=TTL, raise_on_loss=False) as held:
+                granted += 1
+                if granted == LEASES:
+                    all_held.set()
+                await all_held.wait()  # all of them held at once from here
                 await asyncio.sleep(HOLD_S)
                 if held.loss is not None:
                     lost[str(held.loss.reason)] += 1
