@@ -11,11 +11,11 @@ from typing import Any
 
 import httpx
 import pytest
-from client_support import Recorder, wait_until
-from support import ServerProcess, lock_headers, new_token, unique_name
 
 import fencepost
+from client_support import Recorder, wait_until
 from fencepost.errors import LeaseLost, LockHeld, NotFound, SessionLost
+from support import ServerProcess, lock_headers, new_token, unique_name
 
 TTL = 6  # the session is renewed every 2 s
 

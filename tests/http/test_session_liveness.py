@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+
 from support import ServerProcess, lock_headers, new_token, track, unique_name
 
 SESSION_TTL = 5

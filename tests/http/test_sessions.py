@@ -12,6 +12,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
 from support import ServerProcess, lock_headers, new_token, unique_name
 
 GRANT = {"session_id", "name", "ttl_seconds", "expires_at"}

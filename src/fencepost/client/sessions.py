@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
+from fencepost.client.calls import name_segment, new_token
 from fencepost.client.holding import Holding, LockFacts, SlotFacts
 from fencepost.client.keeper import Loss, SessionTerms
 from fencepost.client.models import Lease, SessionGrant
@@ -26,13 +27,12 @@ from fencepost.client.operations import (
     end_session,
     release_call,
 )
-from fencepost.client.wire import name_segment, new_token
+from fencepost.client.transport import MAX_IN_FLIGHT
 from fencepost.errors import FencepostError
 
 # How many requests the async client keeps in flight for one fail-fast lock
-# set: enough for the server to commit them in groups, few enough not to crowd
-# out everyone else's requests.
-LOCK_SET_WAYS = 16
+# set: as many as the client sends at once (more would only queue for a turn).
+LOCK_SET_WAYS = MAX_IN_FLIGHT
 # Attached leases have no TTL of their own; the server asks for one anyway
 # (SPEC §3.1) and does not use it.
 _UNUSED_TTL = 5

@@ -1,21 +1,19 @@
 """Session routes (SPEC §3.10): create, renew, end and inspect a session. A
-session is its key's: every other key gets 404, as for one that never existed."""
+session is its key's: every other key gets 404, as for one that never existed.
+The route table checks the role, the id's form (a malformed id is not found)
+and the body before a handler runs."""
 
 from __future__ import annotations
 
-import re
-
-from fencepost.core.keys import Role
-from fencepost.core.sessions import SESSION_ID_PATTERN, Session, end_of
+from fencepost.core.sessions import Session, end_of
 from fencepost.core.timefmt import MS_PER_SECOND, format_at
-from fencepost.errors import NotFound, SessionExpired, SessionLost
+from fencepost.errors import SessionExpired, SessionLost
 from fencepost.events import SessionChanged, current_origin
 from fencepost.server import schemas
-from fencepost.server.context import endpoint, services
+from fencepost.server.context import Call
 from fencepost.server.http import json_response
 from fencepost.server.listing import no_query
-from fencepost.server.messages import Request, Response
-from fencepost.server.validation import decode_body
+from fencepost.server.messages import Response
 from fencepost.store.base import SessionView
 
 
@@ -47,61 +45,43 @@ def session_state(view: SessionView) -> schemas.SessionState:
     )
 
 
-_SESSION_ID = re.compile(SESSION_ID_PATTERN)
-
-
-def _session_id(request: Request) -> str:
-    # An id that cannot be one is simply not found: nothing says which ids exist.
-    session_id = str(request.path_params["session_id"])
-    if _SESSION_ID.fullmatch(session_id) is None:
-        raise NotFound("No such session.")
-    return session_id
-
-
-@endpoint
-async def create(request: Request) -> Response:
-    svc = services(request)
-    principal = await svc.auth.authenticate(request, Role.MEMBER)
-    body = decode_body(request.body, schemas.CreateSessionBody)
-    session = await svc.store.create_session(
-        principal.project, principal.key_id, body.ttl_seconds, body.name
+async def create(call: Call[schemas.CreateSessionBody]) -> Response:
+    caller, body = call.caller, call.body
+    session = await call.services.store.create_session(
+        caller.project, caller.key_id, body.ttl_seconds, body.name
     )
     return json_response(201, session_grant(session))
 
 
-@endpoint
-async def renew(request: Request) -> Response:
-    svc = services(request)
-    principal = await svc.auth.authenticate(request, Role.MEMBER)
-    session_id = _session_id(request)
-    body = decode_body(request.body, schemas.RenewSessionBody)
+async def renew(call: Call[schemas.RenewSessionBody]) -> Response:
+    svc, caller = call.services, call.caller
     try:
         session = await svc.store.renew_session(
-            principal.project, principal.key_id, session_id, body.ttl_seconds
+            caller.project, caller.key_id, call.params["session_id"], call.body.ttl_seconds
         )
     except (SessionLost, SessionExpired) as lost:
         # The holder learns it lost everything attached (no session id: a capability).
         svc.events.emit(SessionChanged(
-            "lost", principal.project, lost.reason or lost.code, current_origin()
+            "lost", caller.project, lost.reason or lost.code, current_origin()
         ))
         raise
     return json_response(200, session_grant(session))
 
 
-@endpoint
-async def end(request: Request) -> Response:
-    svc = services(request)
-    principal = await svc.auth.authenticate(request, Role.MEMBER)
-    ended = await svc.store.end_session(principal.project, principal.key_id, _session_id(request))
+async def end(call: Call[None]) -> Response:
+    caller = call.caller
+    ended = await call.services.store.end_session(
+        caller.project, caller.key_id, call.params["session_id"]
+    )
     return json_response(
         200, schemas.SessionEnded(ended=ended.ended, leases=ended.leases, slots=ended.slots)
     )
 
 
-@endpoint
-async def inspect(request: Request) -> Response:
-    svc = services(request)
-    principal = await svc.auth.authenticate(request, Role.READER)
-    no_query(request)
-    view = await svc.store.get_session(principal.project, principal.key_id, _session_id(request))
+async def inspect(call: Call[None]) -> Response:
+    caller = call.caller
+    no_query(call.request)
+    view = await call.services.store.get_session(
+        caller.project, caller.key_id, call.params["session_id"]
+    )
     return json_response(200, session_state(view))

@@ -12,7 +12,7 @@ session is not found, exactly like one that does not exist.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from fencepost.core import sessions as rules
 from fencepost.core.leases import AcquireRequest
@@ -20,8 +20,24 @@ from fencepost.core.sessions import Session, SessionEnd
 from fencepost.errors import NotFound
 from fencepost.events import SessionChanged
 from fencepost.store.batch import Tx
+from fencepost.store.sql.bounded import delete_oldest
+from fencepost.store.sql.rows import columns
 
-_COLUMNS = "id, name, ttl_ms, created_ms, expires_ms, key_id, ended_reason, ended_ms"
+
+class _SessionRow(NamedTuple):
+    """A `sessions` row's columns as Session reads them (see rows.py)."""
+
+    id: str
+    name: str | None
+    ttl_ms: int
+    created_ms: int
+    expires_ms: int
+    key_id: str | None
+    ended_reason: str | None
+    ended_ms: int | None
+
+
+_COLUMNS = columns(_SessionRow)
 # The first key of a key's refresh chain (SPEC §5): the session's owner. A key
 # the store does not know owns only its own sessions.
 _ROOT_OF = "COALESCE((SELECT COALESCE(root_id, id) FROM api_keys WHERE id = ?), ?)"
@@ -29,11 +45,12 @@ _OWNED = f"project = ? AND id = ? AND owner_root = {_ROOT_OF}"
 
 
 def _session(row: Any) -> Session:
+    r = _SessionRow._make(row)
     return Session(
-        session_id=row[0], name=row[1], ttl_ms=int(row[2]), created_ms=int(row[3]),
-        expires_ms=int(row[4]), key_id=row[5],
-        ended=None if row[6] is None else SessionEnd(row[6]),
-        ended_ms=None if row[7] is None else int(row[7]),
+        session_id=r.id, name=r.name, ttl_ms=int(r.ttl_ms), created_ms=int(r.created_ms),
+        expires_ms=int(r.expires_ms), key_id=r.key_id,
+        ended=None if r.ended_reason is None else SessionEnd(r.ended_reason),
+        ended_ms=None if r.ended_ms is None else int(r.ended_ms),
     )
 
 
@@ -104,39 +121,44 @@ def mark_ended(tx: Tx, project: str, session_id: str, key_id: str) -> bool:
     return True
 
 
-def reap(tx: Tx, forget_before_ms: int | None) -> int:
-    """Record the end of every session past its expiry (their leases and slots
-    die at the same instant and are reaped with the others), and forget ended
-    sessions older than `forget_before_ms`.
+def reap(tx: Tx, bound: int) -> tuple[int, bool]:
+    """Record the end of the sessions past their expiry, at most `bound` of
+    them, soonest expired first (their leases and slots die at the same
+    instant and are reaped with the others); return how many ended and whether
+    the bound was reached.
 
     Contract: only sessions not yet ended are marked, so running it twice, or
     on two replicas at once, ends nothing twice."""
     expired = tx.execute(
-        "UPDATE sessions SET ended_reason = ?, ended_ms = expires_ms "
-        "WHERE ended_reason IS NULL AND expires_ms <= ? RETURNING project",
-        (SessionEnd.EXPIRED.value, tx.now_ms),
+        "UPDATE sessions SET ended_reason = ?, ended_ms = expires_ms WHERE id IN ("
+        "SELECT id FROM sessions WHERE ended_reason IS NULL AND expires_ms <= ? "
+        "ORDER BY expires_ms LIMIT ?) RETURNING project",
+        (SessionEnd.EXPIRED.value, tx.now_ms, bound),
     ).fetchall()
     for (project,) in expired:
         tx.events.append(SessionChanged("ended", project, SessionEnd.EXPIRED.value, None))
-    if forget_before_ms is not None:
-        tx.execute(
-            "DELETE FROM sessions WHERE ended_reason IS NOT NULL AND ended_ms < ?",
-            (forget_before_ms,),
-        )
-    return len(expired)
+    return len(expired), len(expired) >= bound
+
+
+def forget(tx: Tx, before_ms: int, bound: int) -> bool:
+    """Forget at most `bound` sessions that ended before `before_ms` (then their
+    ids are simply not found); True when the bound was reached."""
+    # ended_ms < before_ms; a live session's ended_ms is NULL and never matches.
+    _, more = delete_oldest(tx, "sessions", "id", "ended_ms", before_ms - 1, bound, "id")
+    return more
 
 
 def count_live(tx: Tx) -> int:
-    row = tx.execute(
+    (count,) = tx.execute(
         "SELECT COUNT(*) FROM sessions WHERE ended_reason IS NULL AND expires_ms > ?",
         (tx.now_ms,),
     ).fetchone()
-    return int(row[0])
+    return int(count)
 
 
 def count_slots(tx: Tx, session_id: str) -> int:
-    row = tx.execute(
+    (count,) = tx.execute(
         "SELECT COUNT(*) FROM slots WHERE session_id = ? AND lease_deadline_ms > ?",
         (session_id, tx.now_ms),
     ).fetchone()
-    return int(row[0])
+    return int(count)
