@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 import fencepost
-from client_support import Recorder, wait_until
+from client_support import Recorder
 from fencepost.errors import LeaseLost, LockHeld, NotFound, SessionLost
-from support import ServerProcess, lock_headers, new_token, unique_name
+from support import ServerProcess, lock_headers, new_token, unique_name, wait_for
 
 TTL = 6  # the session is renewed every 2 s
 
@@ -50,7 +50,7 @@ def test_sync_session_renews_once_for_everything_and_ends_it_all(
             assert state["operation"] == "report"
             first_expiry = session.expires_at
             assert lock.lease.expires_at == first_expiry
-            assert wait_until(lambda: session.expires_at > first_expiry, timeout=TTL)
+            assert wait_for(lambda: session.expires_at > first_expiry, timeout=TTL)
             for key in [single, *many]:
                 assert lock_state(admin_http, key)["expires_at"] > state["expires_at"]
             info = client.get_session(session.session_id)

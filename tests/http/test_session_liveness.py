@@ -10,14 +10,10 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
-from prometheus_client.parser import text_string_to_metric_families
-
-from support import ServerProcess, lock_headers, new_token, track, unique_name
+from support import ServerProcess, lock_headers, metric, new_token, parse_at, track, unique_name
 
 SESSION_TTL = 5
 # What the holder runs: a session with several locks and a slot, then it waits
@@ -38,19 +34,6 @@ with fencepost.Client(url, key) as client:
                               "code": None if error is None else error.code,
                               "locks_lost": locks.lost}), flush=True)
 """
-
-
-def epoch_s(at: str) -> float:
-    return datetime.fromisoformat(at.replace("Z", "+00:00")).timestamp()
-
-
-def sample(server: ServerProcess, name: str, **labels: str) -> float:
-    text = httpx.get(f"{server.base_url}/metrics").text
-    for family in text_string_to_metric_families(text):
-        for found in family.samples:
-            if found.name == name and all(found.labels.get(k) == v for k, v in labels.items()):
-                return float(found.value)
-    return 0.0
 
 
 def read_line(proc: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
@@ -85,14 +68,14 @@ def test_a_paused_holder_loses_its_session_and_everything_attached(
             first = mine.get(f"/v1/sessions/{sid}").json()["expires_at"]
             time.sleep(SESSION_TTL)
             assert mine.get(f"/v1/sessions/{sid}").json()["expires_at"] > first
-            ended_before = sample(srv, "fencepost_leases_ended_total", kind="lock",
+            ended_before = metric(srv, "fencepost_leases_ended_total", kind="lock",
                                   reason="session_expired")
             holder.send_signal(signal.SIGSTOP)
-            expires = epoch_s(mine.get(f"/v1/sessions/{sid}").json()["expires_at"])
+            expires = parse_at(mine.get(f"/v1/sessions/{sid}").json()["expires_at"]).timestamp()
             # Within 1 s of the session's expiry the reaper has ended it all,
             # with nobody asking (0.2 s for this test's own requests).
             time.sleep(max(0.0, expires - time.time()) + 1.2)
-            assert sample(srv, "fencepost_leases_ended_total", kind="lock",
+            assert metric(srv, "fencepost_leases_ended_total", kind="lock",
                           reason="session_expired") == ended_before + len(keys)
             state = mine.get(f"/v1/sessions/{sid}").json()
             assert (state["live"], state["ended"], state["leases"]) == (

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime
 from typing import Any, Iterator
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from support import ServerProcess, lock_headers, new_token, unique_name
+from support import ServerProcess, lock_headers, metric, new_token, parse_at, unique_name
 
 GRANT = {"session_id", "name", "ttl_seconds", "expires_at"}
 STATE = {"session_id", "name", "ttl_seconds", "created_at", "expires_at", "live", "ended",
@@ -21,8 +19,8 @@ STATE = {"session_id", "name", "ttl_seconds", "created_at", "expires_at", "live"
 UNKNOWN_ID = "ses_" + "A" * 32
 
 
-def epoch_s(at: str) -> float:
-    return datetime.fromisoformat(at.replace("Z", "+00:00")).timestamp()
+def at_s(at: str) -> float:
+    return parse_at(at).timestamp()
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +77,7 @@ def test_create_renew_inspect_and_end(member: httpx.Client) -> None:
     sid = session["session_id"]
     assert sid.startswith("ses_") and session["name"] == "nightly batch"
     assert session["ttl_seconds"] == 60
-    assert before + 59 <= epoch_s(session["expires_at"]) <= time.time() + 61
+    assert before + 59 <= at_s(session["expires_at"]) <= time.time() + 61
     state = member.get(f"/v1/sessions/{sid}").json()
     assert set(state) == STATE
     assert state | {"created_at": None} == {
@@ -89,7 +87,7 @@ def test_create_renew_inspect_and_end(member: httpx.Client) -> None:
     renewed = member.patch(f"/v1/sessions/{sid}", json={"ttl_seconds": 5})
     assert renewed.status_code == 200, renewed.text
     assert renewed.json()["ttl_seconds"] == 5
-    assert epoch_s(renewed.json()["expires_at"]) < epoch_s(session["expires_at"])
+    assert at_s(renewed.json()["expires_at"]) < at_s(session["expires_at"])
     ended = member.delete(f"/v1/sessions/{sid}")
     assert ended.status_code == 200 and ended.json() == {"ended": True, "leases": 0, "slots": 0}
     again = member.delete(f"/v1/sessions/{sid}")
@@ -121,10 +119,10 @@ def test_attached_leases_and_slots_follow_the_session(server: ServerProcess,
     for key in keys:
         lock = member.get(f"/v1/locks/{key}").json()
         assert lock["held"] and lock["expires_at"] == renewed["expires_at"]
-    assert slot.json()["lease_deadline"] < epoch_s(renewed["expires_at"]) * 1000
+    assert slot.json()["lease_deadline"] < at_s(renewed["expires_at"]) * 1000
     renewed_slot = member.post(f"/v1/pools/{pool}/lock/{slot.json()['slot_id']}/renew")
     assert renewed_slot.status_code == 200
-    assert renewed_slot.json()["lease_deadline"] == round(epoch_s(renewed["expires_at"]) * 1000)
+    assert renewed_slot.json()["lease_deadline"] == round(at_s(renewed["expires_at"]) * 1000)
     # Renewing an attached lease is allowed and changes nothing.
     lease = member.patch(f"/v1/locks/{keys[0]}/lease", headers=lock_headers(tokens[keys[0]]),
                          json={"ttl_seconds": 3600})
@@ -163,7 +161,7 @@ def test_a_session_lease_waits_in_line_like_any_other(member: httpx.Client) -> N
 
 def test_renewal_inside_the_last_second_is_session_expired(member: httpx.Client) -> None:
     session = start(member, 5)
-    time.sleep(max(0.0, epoch_s(session["expires_at"]) - time.time() - 0.6))
+    time.sleep(max(0.0, at_s(session["expires_at"]) - time.time() - 0.6))
     expired = error(member.patch(f"/v1/sessions/{session['session_id']}",
                                  json={"ttl_seconds": 30}), 409, "session_expired")
     assert expired["message"]
@@ -371,30 +369,21 @@ def test_a_ttl_given_with_a_session_is_checked_and_unused(member: httpx.Client) 
 # --- what operators see ---------------------------------------------------------------------
 
 
-def _sample(server: ServerProcess, name: str, **labels: str) -> float:
-    text = httpx.get(f"{server.base_url}/metrics").text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return float(sample.value)
-    return 0.0
-
-
 def test_metrics_count_sessions(server: ServerProcess, member: httpx.Client) -> None:
-    started = _sample(server, "fencepost_sessions_total", action="started")
-    ended = _sample(server, "fencepost_sessions_total", action="ended", reason="session_ended")
-    live = _sample(server, "fencepost_sessions_live")
+    started = metric(server, "fencepost_sessions_total", action="started", reason="")
+    ended = metric(server, "fencepost_sessions_total", action="ended", reason="session_ended")
     sid = start(member)["session_id"]
-    assert _sample(server, "fencepost_sessions_live") >= live + 1 - 10  # others may end
-    assert _sample(server, "fencepost_sessions_total", action="started") == started + 1
+    assert metric(server, "fencepost_sessions_live") >= 1
+    assert metric(server, "fencepost_sessions_total", action="started", reason="") \
+        == started + 1
     key = unique_name("sess")
     take(member, key, sid)
-    before = _sample(server, "fencepost_leases_ended_total", kind="lock", reason="session_ended")
+    before = metric(server, "fencepost_leases_ended_total", kind="lock", reason="session_ended")
     member.delete(f"/v1/sessions/{sid}")
-    assert _sample(server, "fencepost_sessions_total", action="ended",
-                   reason="session_ended") == ended + 1
-    assert _sample(server, "fencepost_leases_ended_total", kind="lock",
-                   reason="session_ended") == before + 1
+    assert metric(server, "fencepost_sessions_total", action="ended",
+                  reason="session_ended") == ended + 1
+    assert metric(server, "fencepost_leases_ended_total", kind="lock",
+                  reason="session_ended") == before + 1
 
 
 def test_the_session_id_is_never_logged(server: ServerProcess, member: httpx.Client) -> None:

@@ -6,27 +6,16 @@ leases and slots within 1 s."""
 from __future__ import annotations
 
 import time
-from datetime import datetime
 from typing import Any, Callable
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
-from support import ServerProcess, lock_headers, new_token, unique_name
-
-
-def epoch_s(at: str) -> float:
-    return datetime.fromisoformat(at.replace("Z", "+00:00")).timestamp()
+from support import ServerProcess, lock_headers, metric, new_token, parse_at, unique_name
 
 
-def ended_by_reaper(server: ServerProcess) -> float:
-    text = httpx.get(f"{server.base_url}/metrics").text
-    for family in text_string_to_metric_families(text):
-        for found in family.samples:
-            if found.name == "fencepost_leases_ended_total" and found.labels == {
-                    "kind": "lock", "reason": "session_expired"}:
-                return float(found.value)
-    return 0.0
+def reaped_by(server: ServerProcess) -> float:
+    """Leases this replica's reaper ended with their session."""
+    return metric(server, "fencepost_leases_ended_total", kind="lock", reason="session_expired")
 
 
 def attach(c: httpx.Client, key: str, session_id: str) -> dict[str, Any]:
@@ -75,11 +64,11 @@ def test_a_surviving_replica_frees_an_expired_session(
         sid = on_a.post("/v1/sessions", json={"ttl_seconds": 5}).json()["session_id"]
         for lock in locks:
             attach(on_a, lock, sid)
-        expires = epoch_s(on_a.get(f"/v1/sessions/{sid}").json()["expires_at"])
-    before = ended_by_reaper(b)
+        expires = parse_at(on_a.get(f"/v1/sessions/{sid}").json()["expires_at"]).timestamp()
+    before = reaped_by(b)
     a.kill9()  # the holder's replica is gone; nobody renews or asks
     time.sleep(max(0.0, expires - time.time()) + 1.2)
-    assert ended_by_reaper(b) == before + len(locks)
+    assert reaped_by(b) == before + len(locks)
     with b.client(key) as on_b:
         assert on_b.get(f"/v1/sessions/{sid}").json()["ended"] == "session_expired"
         late = on_b.patch(f"/v1/sessions/{sid}", json={"ttl_seconds": 5})
