@@ -52,12 +52,12 @@ class TestForceReleaseOwnership:
 class TestFence:
     def test_the_live_token_is_current(self):
         lease = grant(fence=7)
-        verdict = rules.judge_fence(lease, 7, T0 + 1, None)
+        verdict = rules.judge_fence((lease,), 7, T0 + 1, None)
         assert (verdict.current, verdict.live_token, verdict.reason) == (True, 7, None)
 
     def test_a_dead_lease_still_on_record_is_expired(self):
         lease = grant(fence=7, ttl=5)
-        verdict = rules.judge_fence(lease, 7, T0 + 5_000, None)
+        verdict = rules.judge_fence((lease,), 7, T0 + 5_000, None)
         assert (verdict.current, verdict.live_token, verdict.reason) == (False, None, "expired")
 
     def test_recorded_endings_name_the_reason(self):
@@ -67,21 +67,21 @@ class TestFence:
             (EndReason.FORCE_RELEASED, "force_released"),
             (EndReason.EXPIRED, "superseded"),  # someone else holds it now
         ]:
-            verdict = rules.judge_fence(live, 7, T0, ended)
+            verdict = rules.judge_fence((live,), 7, T0, ended)
             assert (verdict.current, verdict.live_token, verdict.reason) == (False, 9, want)
-        assert rules.judge_fence(None, 7, T0, EndReason.EXPIRED).reason == "expired"
+        assert rules.judge_fence((), 7, T0, EndReason.EXPIRED).reason == "expired"
 
     def test_a_token_never_seen_on_this_lock_is_unknown(self):
         live = grant(fence=9)
-        assert rules.judge_fence(live, 8, T0, None).reason == "unknown"
-        assert rules.judge_fence(live, 10, T0, None).reason == "unknown"
-        assert rules.judge_fence(None, 10, T0, None).live_token is None
+        assert rules.judge_fence((live,), 8, T0, None).reason == "unknown"
+        assert rules.judge_fence((live,), 10, T0, None).reason == "unknown"
+        assert rules.judge_fence((), 10, T0, None).live_token is None
 
     def test_an_overdue_keep_lease_is_still_current(self):
         lease = grant(fence=7, ttl=5, on_expiry=OnExpiry.KEEP)
-        assert rules.judge_fence(lease, 7, T0 + 60_000, None).current
+        assert rules.judge_fence((lease,), 7, T0 + 60_000, None).current
         dead = replace(lease, deadline_ms=T0 + 60_000)
-        assert rules.judge_fence(dead, 7, T0 + 60_000, None).reason == "expired"
+        assert rules.judge_fence((dead,), 7, T0 + 60_000, None).reason == "expired"
 
 
 class TestLockDelay:

@@ -133,3 +133,16 @@ class TestForceRelease:
         assert rules.may_force_release_all([mine], "me", is_admin=False)
         assert not rules.may_force_release_all([mine, theirs], "me", is_admin=False)
         assert rules.may_force_release_all([mine, theirs], "me", is_admin=True)
+
+
+class TestFenceOfSharedLeases:
+    def test_each_shared_lease_is_current_by_its_own_token(self):
+        held = (lease(A, Mode.SHARED, fence=7), lease(B, Mode.SHARED, fence=9))
+        for token in (7, 9):
+            verdict = rules.judge_fence(held, token, T0 + 1, None)
+            assert (verdict.current, verdict.live_token) == (True, token)
+
+    def test_a_dead_shared_token_names_the_newest_live_one(self):
+        held = (lease(A, Mode.SHARED, ttl=5, fence=7), lease(B, Mode.SHARED, ttl=60, fence=9))
+        verdict = rules.judge_fence(held, 7, T0 + 5_000, None)
+        assert (verdict.current, verdict.live_token, verdict.reason) == (False, 9, "expired")

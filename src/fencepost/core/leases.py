@@ -391,20 +391,23 @@ class FenceVerdict:
 
 
 def judge_fence(
-    current: Lease | None, token: int, now_ms: int, ended: EndReason | None
+    leases: Sequence[Lease], token: int, now_ms: int, ended: EndReason | None
 ) -> FenceVerdict:
-    """Judge `token` against the lock's lease row (live or dead) and the recorded
-    end of the lease that had it, if any. A stale token's reason follows the
-    rule a late renewal is told (`lost_reason`): an expired lease whose lock is
-    held again by someone else was superseded."""
-    live = current if current is not None and is_live(current, now_ms) else None
-    live_token = None if live is None else live.fencing_token
-    if live is not None and live.fencing_token == token:
-        return FenceVerdict(token, True, live_token, None)
+    """Judge `token` against the lock's lease rows (live or dead) and the
+    recorded end of the lease that had it, if any. A stale token's reason
+    follows the rule a late renewal is told (`lost_reason`): an expired lease
+    whose lock is held again by someone else was superseded. `live_token` is
+    the token's own when current, else the newest live lease's (a shared lock
+    has several)."""
+    live = [lease for lease in leases if is_live(lease, now_ms)]
+    mine = next((lease for lease in leases if lease.fencing_token == token), None)
+    if mine is not None and is_live(mine, now_ms):
+        return FenceVerdict(token, True, token, None)
+    live_token = max((lease.fencing_token for lease in live), default=None)
     reason: str
-    if current is not None and current.fencing_token == token:
+    if mine is not None:
         reason = EndReason.EXPIRED.value  # still on record, but dead
-    elif ended is EndReason.EXPIRED and live is not None:
+    elif ended is EndReason.EXPIRED and live:
         reason = EndReason.SUPERSEDED.value
     elif ended is not None:
         reason = ended.value
