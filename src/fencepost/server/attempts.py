@@ -5,7 +5,7 @@ when the caller has gone."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 from fencepost.errors import FencepostError, LockHeld, QueueTimeout, ShuttingDown, TooManyRequests
 from fencepost.events import AcquireAttempt
@@ -60,7 +60,7 @@ class AttemptLog:
 
 async def get_or_wait(
     request: Request,
-    line: Line,
+    lines: Sequence[Line],
     first: Attempt[T],
     retry: Callable[[int], Awaitable[Attempt[T]]],
     leave: Callable[[int], Awaitable[None]],
@@ -78,7 +78,7 @@ async def get_or_wait(
         raise first.refusal
     async with watching_disconnect(request.receive) as disconnected:
         granted = await wait_in_line(
-            services(request).waiters, line, first, retry, leave, wait_s, disconnected,
+            services(request).waiters, lines, first, retry, leave, wait_s, disconnected,
             on_timeout,
         )
         await asyncio.sleep(0)  # let a disconnect that already arrived be seen

@@ -12,7 +12,7 @@ import asyncio
 import bisect
 import contextlib
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Awaitable, Callable, Generic, TypeVar
+from typing import AsyncIterator, Awaitable, Callable, Generic, Sequence, TypeVar
 
 from fencepost.errors import FencepostError, ShuttingDown
 from fencepost.store.base import Freed
@@ -76,19 +76,23 @@ class WaitRoom:
         """How many requests wait in this process now (the metrics)."""
         return sum(len(line) for line in self._lines.values())
 
-    def park(self, line: Line, ticket: int) -> _Parked:
+    def park(self, lines: Sequence[Line], ticket: int) -> _Parked:
+        """Park one waiter on every line it stands in (a lock set stands in
+        several, SPEC §3.7): an event on any of them wakes it."""
         parked = _Parked(ticket)
-        bisect.insort(self._lines.setdefault(line, []), parked)
+        for line in lines:
+            bisect.insort(self._lines.setdefault(line, []), parked)
         return parked
 
-    def unpark(self, line: Line, parked: _Parked) -> None:
-        waiting = self._lines.get(line)
-        if waiting is None:
-            return
-        if parked in waiting:
-            waiting.remove(parked)
-        if not waiting:
-            del self._lines[line]
+    def unpark(self, lines: Sequence[Line], parked: _Parked) -> None:
+        for line in lines:
+            waiting = self._lines.get(line)
+            if waiting is None:
+                continue
+            if parked in waiting:
+                waiting.remove(parked)
+            if not waiting:
+                del self._lines[line]
 
     def shut(self) -> None:
         """Answer every parked request now (the server is stopping)."""
@@ -108,7 +112,7 @@ async def _wait_any(
 
 async def wait_in_line(
     room: WaitRoom,
-    line: Line,
+    lines: Sequence[Line],
     first: Attempt[T],
     retry: Callable[[int], Awaitable[Attempt[T]]],
     leave: Callable[[int], Awaitable[None]],
@@ -130,7 +134,7 @@ async def wait_in_line(
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
     ticket = first.ticket
-    parked = room.park(line, ticket)
+    parked = room.park(lines, ticket)
     granted = False
     try:
         while True:
@@ -149,9 +153,9 @@ async def wait_in_line(
                 assert attempt.refusal is not None
                 raise attempt.refusal
             if attempt.ticket != ticket:  # rejoined at the back after being dropped
-                room.unpark(line, parked)
+                room.unpark(lines, parked)
                 ticket = attempt.ticket
-                parked = room.park(line, ticket)
+                parked = room.park(lines, ticket)
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise on_timeout(attempt)
@@ -162,7 +166,7 @@ async def wait_in_line(
             if room.closing.is_set():
                 raise ShuttingDown()
     finally:
-        room.unpark(line, parked)
+        room.unpark(lines, parked)
         if not granted:
             try:
                 await leave(ticket)

@@ -1,14 +1,23 @@
-"""Lock routes (SPEC §3): acquire, renew, release, inspect, list, force release."""
+"""Lock routes (SPEC §3): acquire (one lock, or a lock set), renew, release,
+inspect, list, force release, fence check."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
 from fencepost.core import leases as rules
 from fencepost.core.keys import Role
-from fencepost.core.leases import AcquireRequest, Granted, Lease, OnExpiry
+from fencepost.core.leases import (
+    AcquireRequest,
+    Busy,
+    Granted,
+    Lease,
+    Mode,
+    OnExpiry,
+    SetGranted,
+)
 from fencepost.core.timefmt import format_at
 from fencepost.errors import FencepostError, LeaseExpired, LeaseLost
 from fencepost.events import Lost, current_origin
@@ -21,7 +30,7 @@ from fencepost.server.listing import list_query, no_query, page
 from fencepost.server.messages import Request, Response
 from fencepost.server.validation import decode_body, invalid_field
 from fencepost.server.waiting import WAITER_ALIVE_MS, Attempt, ClientGone
-from fencepost.store.base import AcquireResult, ForceReleaser, KeyRef, LockView
+from fencepost.store.base import ForceReleaser, KeyRef, LockView
 
 
 def grant_body(lease: Lease) -> schemas.LeaseGrant:
@@ -56,7 +65,7 @@ def lock_state(view: LockView) -> schemas.LockState:
         return schemas.LockState(
             key=view.key, held=False, fencing_token=None, operation=None, acquired_at=None,
             expires_at=None, deadline_at=None, on_expiry=None, overdue=False, metadata=None,
-            waiters=view.waiters, holder=None, line=_line(view),
+            waiters=view.waiters, holder=None, line=_line(view), mode=None, holders=0,
         )
     return schemas.LockState(
         key=view.key,
@@ -72,6 +81,8 @@ def lock_state(view: LockView) -> schemas.LockState:
         waiters=view.waiters,
         holder=key_holder(view.holder or KeyRef(lease.key_id, None)),
         line=_line(view),
+        mode=lease.mode.value,
+        holders=view.holders,
     )
 
 
@@ -85,39 +96,71 @@ def _metadata_json(metadata: dict[str, Any] | None) -> str | None:
     return encoded.decode()
 
 
+def _wanted(
+    body: schemas.AcquireLockBody | schemas.AcquireLockSetBody, token: str, key_id: str
+) -> AcquireRequest:
+    return AcquireRequest(
+        lock_token=token,
+        ttl_seconds=body.ttl_seconds,
+        operation=body.operation,
+        metadata_json=_metadata_json(body.metadata),
+        on_expiry=OnExpiry(body.on_expiry),
+        key_id=key_id,
+        wait_ms=round(body.wait_seconds * 1000),
+        lock_delay_seconds=body.lock_delay_seconds,
+        mode=Mode(body.mode),
+    )
+
+
 async def acquire(request: Request) -> Response:
     """PUT /v1/locks/{key}/lease: every attempt is written to the access log."""
+    return await _serve_acquire(request, one_key=True)
+
+
+async def acquire_set(request: Request) -> Response:
+    """POST /v1/lock-sets (SPEC §3.7): all the keys under one lock token, or
+    none. A waiting set parks on every key's line and wakes when any frees."""
+    return await _serve_acquire(request, one_key=False)
+
+
+async def _serve_acquire(request: Request, *, one_key: bool) -> Response:
     svc = services(request)
-    log = AttemptLog(request, "lock.acquire", "lock", "key")
+    log = AttemptLog(request, "lock.acquire" if one_key else "lock_set.acquire", "lock", "key")
     try:
         principal = await svc.auth.authenticate(request, Role.MEMBER)
         log.fields.update(project=principal.project, key_id=principal.key_id)
-        key = path_name(request, "key")
+        key = path_name(request, "key") if one_key else ""
         token = required_uuid_header(request, "x-lock-token")
         required_uuid_header(request, "x-request-id")
-        body = decode_body(request.body, schemas.AcquireLockBody)
-        wanted = AcquireRequest(
-            lock_token=token,
-            ttl_seconds=body.ttl_seconds,
-            operation=body.operation,
-            metadata_json=_metadata_json(body.metadata),
-            on_expiry=OnExpiry(body.on_expiry),
-            key_id=principal.key_id,
-            wait_ms=round(body.wait_seconds * 1000),
-            lock_delay_seconds=body.lock_delay_seconds,
-        )
+        body: schemas.AcquireLockBody | schemas.AcquireLockSetBody
+        if one_key:
+            body = decode_body(request.body, schemas.AcquireLockBody)
+        else:
+            body = decode_body(request.body, schemas.AcquireLockSetBody)
+            log.fields["lock"] = ",".join(_distinct_keys(body.keys))[:200]
+        wanted = _wanted(body, token, principal.key_id)
         log.waited = body.wait_seconds > 0
-        granted = await _acquire(request, principal.project, key, wanted, body.wait_seconds)
+        if isinstance(body, schemas.AcquireLockSetBody):
+            granted = await _acquire_set(
+                request, principal.project, body.keys, wanted, body.wait_seconds
+            )
+            leases, created = granted.leases, granted.created
+        else:
+            one = await _acquire(request, principal.project, key, wanted, body.wait_seconds)
+            leases, created = (one.lease,), one.created
     except ClientGone as gone:
         log.failed(gone)
         return Response(status_code=499)
     except FencepostError as error:
         log.failed(error)
         raise
-    status = 201 if granted.created else 200
-    log.write("granted" if granted.created else "existing", status,
-              fencing_token=granted.lease.fencing_token)
-    return json_response(status, grant_body(granted.lease))
+    status = 201 if created else 200
+    tokens = [lease.fencing_token for lease in leases]
+    log.write("granted" if created else "existing", status,
+              fencing_token=tokens[0] if one_key else tokens, mode=wanted.mode.value)
+    if one_key:
+        return json_response(status, grant_body(leases[0]))
+    return json_response(status, schemas.LockSetGrant(leases=[grant_body(x) for x in leases]))
 
 
 async def _acquire(
@@ -125,10 +168,12 @@ async def _acquire(
 ) -> Granted:
     store = services(request).store
     wait_alive_ms = WAITER_ALIVE_MS if wait_s > 0 else None
-    first = _attempt(await store.acquire_lock(project, key, wanted, wait_alive_ms=wait_alive_ms))
+    result = await store.acquire_lock(project, key, wanted, wait_alive_ms=wait_alive_ms)
+    first: Attempt[Granted] = _attempt(result.outcome, result.ticket)
 
     async def retry(ticket: int) -> Attempt[Granted]:
-        return _attempt(await store.retry_waiter(project, key, wanted, ticket, WAITER_ALIVE_MS))
+        again = await store.retry_waiter(project, key, wanted, ticket, WAITER_ALIVE_MS)
+        return _attempt(again.outcome, again.ticket)
 
     async def leave(ticket: int) -> None:
         await store.leave_line(project, key, ticket)
@@ -138,21 +183,60 @@ async def _acquire(
             await store.release_lock(project, key, wanted.lock_token)
 
     return await get_or_wait(
-        request, ("lock", project, key), first, retry, leave, wait_s, _held, hand_back
+        request, [("lock", project, key)], first, retry, leave, wait_s, _held, hand_back
     )
 
 
-def _attempt(result: AcquireResult) -> Attempt[Granted]:
-    if isinstance(result.outcome, Granted):
-        return Attempt(result.outcome)
+def _distinct_keys(keys: list[str]) -> list[str]:
+    seen: set[str] = set()
+    for key in keys:
+        if key in seen:
+            raise invalid_field("keys", f"must be distinct names ({key!r} is repeated)")
+        seen.add(key)
+    return keys
+
+
+async def _acquire_set(
+    request: Request, project: str, keys: list[str], wanted: AcquireRequest, wait_s: float
+) -> SetGranted:
+    store = services(request).store
+    wait_alive_ms = WAITER_ALIVE_MS if wait_s > 0 else None
+    result = await store.acquire_lock_set(project, keys, wanted, wait_alive_ms=wait_alive_ms)
+    first: Attempt[SetGranted] = _attempt(result.outcome, result.ticket)
+
+    async def retry(ticket: int) -> Attempt[SetGranted]:
+        again = await store.retry_set_waiter(project, keys, wanted, ticket, WAITER_ALIVE_MS)
+        return _attempt(again.outcome, again.ticket)
+
+    async def leave(ticket: int) -> None:
+        await store.leave_line(project, keys[0], ticket)
+
+    async def hand_back(granted: SetGranted) -> None:
+        if granted.created:
+            for key in keys:
+                await store.release_lock(project, key, wanted.lock_token)
+
+    lines = [("lock", project, key) for key in keys]
+    return await get_or_wait(request, lines, first, retry, leave, wait_s, _held, hand_back)
+
+
+acquire_set_route = endpoint(acquire_set)
+
+
+G = TypeVar("G", Granted, SetGranted)
+
+
+def _attempt(outcome: G | Busy, ticket: int | None) -> Attempt[G]:
+    if not isinstance(outcome, Busy):
+        return Attempt(outcome)
     # A lock delay ends by itself: a waiter re-checks then (a timer), besides
     # the wake-up the reaper sends when it clears the delay.
-    ends_in_ms = result.outcome.ends_in_ms
+    ends_in_ms = outcome.ends_in_ms
     recheck_s = None if ends_in_ms is None else max(ends_in_ms / 1000, 0.005)
-    return Attempt(None, result.ticket, result.outcome.to_error(), recheck_s)
+    return Attempt(None, ticket, outcome.to_error(), recheck_s)
 
 
-def _held(attempt: Attempt[Granted]) -> FencepostError:
+def _held(attempt: Attempt[Any]) -> FencepostError:
     assert attempt.refusal is not None
     return attempt.refusal
 
@@ -253,12 +337,14 @@ async def force_release(request: Request) -> Response:
         request_id=request_id(request),
         fencing_token=None if lease is None else lease.fencing_token,
         operation=None if lease is None else lease.operation,
+        released_count=result.released_count,
     )
     if lease is None:
         return json_response(
             200,
             schemas.NothingToRelease(
-                released=False, key=key, message="The lock was not held; nothing to release."
+                released=False, key=key, message="The lock was not held; nothing to release.",
+                released_count=0,
             ),
         )
     return json_response(
@@ -270,5 +356,6 @@ async def force_release(request: Request) -> Response:
             fencing_token=lease.fencing_token,
             age_ms=result.now_ms - lease.acquired_ms,
             expires_in_ms=lease.expires_ms - result.now_ms,
+            released_count=result.released_count,
         ),
     )

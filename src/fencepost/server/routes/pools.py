@@ -299,7 +299,7 @@ async def _acquire(
             await store.release_slot(project, pool, admitted.slot.slot_id, None)
 
     return await get_or_wait(
-        request, ("pool", project, pool), first, retry, leave, wait_ms / 1000, timed_out,
+        request, [("pool", project, pool)], first, retry, leave, wait_ms / 1000, timed_out,
         hand_back,
     )
 

@@ -121,6 +121,16 @@ ROUTES: tuple[RouteSpec, ...] = (
         params=(LOCK_TOKEN, REQUEST_ID),
     ),
     RouteSpec(
+        "POST", "/v1/lock-sets", locks.acquire_set_route, "acquireLockSet",
+        "Acquire several locks at once, all or none", Role.MEMBER, schemas.AcquireLockSetBody,
+        responses=((201, schemas.LockSetGrant, "Every key granted, under the one lock token."),
+                   (200, schemas.LockSetGrant,
+                    "This lock token already holds every key (a retried acquire): "
+                    "the leases are unchanged.")),
+        errors=(LockHeld, ShuttingDown),
+        params=(LOCK_TOKEN, REQUEST_ID),
+    ),
+    RouteSpec(
         "PATCH", "/v1/locks/{key}/lease", locks.renew, "renewLease", "Renew a lease",
         Role.MEMBER, schemas.RenewLockBody,
         responses=((200, schemas.LeaseRenewal, "Lease renewed."),),
