@@ -284,3 +284,26 @@ def test_readers_and_strangers_may_not_take_lock_sets(
 def test_a_fence_token_that_is_not_a_number_is_422(member: httpx.Client, token: str) -> None:
     resp = member.get(f"/v1/locks/{unique_name('fence')}/fence", params={"token": token})
     error_of(resp, 422, "validation_error")
+
+
+def _granted_by_mode(server: ServerProcess) -> dict[str, float]:
+    text = httpx.get(f"{server.base_url}/metrics").text
+    counts = {"exclusive": 0.0, "shared": 0.0}
+    for line in text.splitlines():
+        if line.startswith("fencepost_lock_leases_granted_total{"):
+            labels, value = line.rsplit(" ", 1)
+            counts[labels.split('mode="')[1].split('"')[0]] = float(value)
+    return counts
+
+
+def test_metrics_count_grants_by_mode_each_lease_once(server: ServerProcess,
+                                                       member: httpx.Client) -> None:
+    before = _granted_by_mode(server)
+    key = unique_name("metric")
+    for _ in range(2):
+        assert acquire(member, key, new_token(), mode="shared").status_code == 201
+    assert lock_set(member, [unique_name("m-a"), unique_name("m-b")],
+                    new_token()).status_code == 201
+    after = _granted_by_mode(server)
+    assert after["shared"] - before["shared"] == 2
+    assert after["exclusive"] - before["exclusive"] == 2

@@ -224,7 +224,9 @@ def _single(outcome: SetGranted | Busy) -> Granted | Busy:
 
 def report_grant(tx: Tx, project: str, lease: Lease) -> None:
     """Every new lease is reported once, after the commit (metrics, event log)."""
-    tx.events.append(LeaseGranted("lock", project, lease.key, lease.fencing_token, tx.origin))
+    tx.events.append(LeaseGranted(
+        "lock", project, lease.key, lease.fencing_token, tx.origin, lease.mode.value
+    ))
 
 
 def acquire(
