@@ -5,7 +5,6 @@ name `fence-check`)."""
 from __future__ import annotations
 
 from cli_support import assert_clean_failure, fp, fp_json
-
 from support import ServerProcess, unique_name
 
 

@@ -9,11 +9,11 @@ from typing import Any
 
 import httpx
 import pytest
-from client_support import Recorder, wait_until
 
 import fencepost
+from client_support import Recorder
 from fencepost.errors import LeaseLost, LockHeld
-from support import unique_name
+from support import unique_name, wait_until
 
 TTL = 6  # renewed every 2 s
 
@@ -50,8 +50,8 @@ def test_lock_many_renews_every_key_and_releases_them_all(
         assert set(tokens) == set(keys)
         for key in keys:
             assert lock_state(admin_http, key)["fencing_token"] == tokens[key]
-        assert wait_until(lambda: all(recorder.count("PATCH", k) >= 1 for k in keys),
-                          timeout=TTL)
+        wait_until(lambda: all(recorder.count("PATCH", k) >= 1 for k in keys),
+                   "a renewal of every key", timeout=TTL)
     for key in keys:
         assert lock_state(admin_http, key)["held"] is False
 

@@ -9,34 +9,8 @@ from typing import Any
 import httpx
 import pytest
 
+from lock_support import acquire
 from support import ServerProcess, lock_headers, new_token, unique_name
-
-
-@pytest.fixture(scope="module")
-def member_key(server: ServerProcess) -> str:
-    return str(server.create_key("member", name="shared-tests")["key"])
-
-
-@pytest.fixture(scope="module")
-def reader_key(server: ServerProcess) -> str:
-    return str(server.create_key("reader", name="shared-reader")["key"])
-
-
-@pytest.fixture
-def member(server: ServerProcess, member_key: str) -> Any:
-    with server.client(member_key) as c:
-        yield c
-
-
-@pytest.fixture
-def admin(server: ServerProcess) -> Any:
-    with server.client() as c:
-        yield c
-
-
-def acquire(c: httpx.Client, key: str, token: str, ttl: int = 30, **body: Any) -> httpx.Response:
-    return c.put(f"/v1/locks/{key}/lease", headers=lock_headers(token),
-                 json={"ttl_seconds": ttl, **body})
 
 
 def lock_set(c: httpx.Client, keys: Any, token: str, ttl: int = 30, **body: Any) -> httpx.Response:

@@ -3,26 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 
 import pytest
 
-from fencepost.core.leases import AcquireRequest, Busy, Granted, Mode, SetGranted
+from fencepost.core.leases import Busy, Granted, Mode, SetGranted
 from fencepost.errors import Forbidden, LeaseLost
 from fencepost.store.base import ForceReleaser, Freed, lock_freed
 
-P = "default"
-ADMIN = ForceReleaser("key_admin", is_admin=True)
+from .store_support import ADMIN, P, req
+
 SHARED = Mode.SHARED
-
-
-def token() -> str:
-    return str(uuid.uuid4())
-
-
-def req(tok: str | None = None, ttl: int = 30, **kw) -> AcquireRequest:
-    return AcquireRequest(tok or token(), ttl, **kw)
-
 
 async def try_lock(store, key="k", request=None, wait=False):
     request = request or req()
