@@ -132,7 +132,8 @@ async def run(ctx: Ctx, lock_keys: tuple[str, ...], shared: bool, pool_name: str
     when CMD cannot be found / executed.
     """
     if bool(lock_keys) == (pool_name is not None):
-        raise CliFailure("give --lock KEY (once or more) or --pool POOL.", ExitCode.USAGE)
+        raise CliFailure("give exactly one of --lock KEY (repeated for several locks) and "
+                         "--pool POOL.", ExitCode.USAGE)
     if shared and pool_name is not None:
         raise CliFailure("--shared is for locks, not pools.", ExitCode.USAGE)
     renew_every: float | None = None
