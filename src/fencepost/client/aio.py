@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -13,19 +13,26 @@ import httpx
 from tenacity import AsyncRetrying
 
 from fencepost.client.calls import Call, Sleep, raise_for_status
-from fencepost.client.holding import Holding, LockFacts, SlotFacts, log, report_failure
+from fencepost.client.holding import (
+    Holding,
+    LockFacts,
+    LockSetFacts,
+    SlotFacts,
+    log,
+    report_failure,
+)
 from fencepost.client.keeper import Terms, keep_alive
 from fencepost.client.key_refresh import CurrentKey, KeyRefresh, OnKeyRefresh, refresh_if_due
 from fencepost.client.methods import AsyncRunner, Methods
-from fencepost.client.models import Lease, OnExpiry
+from fencepost.client.models import LockSet, OnExpiry
 from fencepost.client.operations import Op
 from fencepost.client.retrying import RELEASE_RETRIES, Retries, tenacity_options
 from fencepost.client.sessions import (
     LOCK_SET_WAYS,
     AttachedKinds,
     AttachedLockFacts,
+    AttachedLockSetFacts,
     AttachedSlotFacts,
-    LockSetFacts,
     SessionFacts,
 )
 from fencepost.client.transport import (
@@ -208,6 +215,7 @@ class AsyncClient(CurrentKey, Methods, AsyncRunner):
         metadata: Mapping[str, Any] | None = None,
         on_expiry: OnExpiry = "release",
         lock_delay: int = 0,
+        shared: bool = False,
         renew_every: float | None = None,
         on_lost: Callable[[AsyncLockHold], Any] | None = None,
         cancel_on_loss: bool = False,
@@ -230,12 +238,45 @@ class AsyncClient(CurrentKey, Methods, AsyncRunner):
         raises `LeaseLost` on exit unless `raise_on_loss=False`. With
         `lock_delay` (0..60 s), if the lease ends by expiry or force release
         nobody gets the lock for that long, so this holder's writes in flight
-        land before the next holder starts.
+        land before the next holder starts. With `shared=True` the lease is a
+        shared (reader) one: readers hold the lock together, a writer waits
+        for all of them, and readers arriving behind a waiting writer wait
+        behind it.
         """
         return AsyncLockHold(
             self, key, ttl=ttl, wait=wait, operation=operation, metadata=metadata,
             on_expiry=on_expiry, lock_delay=lock_delay, renew_every=renew_every, token=token,
-            on_lost=on_lost,
+            on_lost=on_lost, shared=shared,
+            raise_on_loss=raise_on_loss, cancel_on_loss=cancel_on_loss,
+        )
+
+    def lock_many(
+        self,
+        keys: Sequence[str],
+        *,
+        ttl: int = 60,
+        wait: float = 0,
+        operation: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        on_expiry: OnExpiry = "release",
+        lock_delay: int = 0,
+        shared: bool = False,
+        renew_every: float | None = None,
+        on_lost: Callable[[AsyncLockSetHold], Any] | None = None,
+        cancel_on_loss: bool = False,
+        raise_on_loss: bool = True,
+        token: str | None = None,
+    ) -> AsyncLockSetHold:
+        """Hold every lock in `keys` (1..32 names) for an `async with` block:
+        all are acquired at once or none (waiting in every key's line at once,
+        so two blocks never deadlock), each is renewed, and all are released on
+        exit. The hold has `fencing_tokens` (one per key), `leases`, and one
+        loss signal for the lot: `lost`, `lost_event`, `check()`, `on_lost`
+        and `cancel_on_loss` work as for `lock()` when any key is lost."""
+        return AsyncLockSetHold(
+            self, keys, ttl=ttl, wait=wait, operation=operation, metadata=metadata,
+            on_expiry=on_expiry, lock_delay=lock_delay, renew_every=renew_every, token=token,
+            on_lost=on_lost, shared=shared,
             raise_on_loss=raise_on_loss, cancel_on_loss=cancel_on_loss,
         )
 
@@ -320,7 +361,7 @@ class _AsyncHold(_AsyncAcquiring):
     def _hold_init(self, client: AsyncClient, cancel_on_loss: bool) -> None:
         self._client = client
         self._cancel_on_loss = cancel_on_loss
-        self._keeper: asyncio.Task[None] | None = None
+        self._keepers: list[asyncio.Task[None]] = []
         self._owner: asyncio.Task[Any] | None = None
         self._exiting = False
         self._cancelled_owner = False
@@ -337,9 +378,12 @@ class _AsyncHold(_AsyncAcquiring):
     async def __aenter__(self) -> Self:
         self._owner = asyncio.current_task()
         self.lost_event  # noqa: B018 - create the event on the running loop
-        terms = await self._acquire_now()
+        results = await self._acquire_now()
         self._held = True
-        self._keeper = asyncio.create_task(self._keep(terms), name=f"fencepost-keep-{self._what}")
+        self._keepers = [
+            asyncio.create_task(self._keep(terms), name=f"fencepost-keep-{self._what}")
+            for terms in results
+        ]
         return self
 
     async def __aexit__(
@@ -373,9 +417,10 @@ class _AsyncHold(_AsyncAcquiring):
         return self._owner.cancelling() if self._owner is not None else 0
 
     async def _finish(self) -> None:
-        if self._keeper is not None:
-            self._keeper.cancel()
-            await asyncio.wait([self._keeper])
+        for keeper in self._keepers:
+            keeper.cancel()
+        if self._keepers:
+            await asyncio.wait(self._keepers)
         await self._release_quietly()
 
     def _take_back_cancellation(self) -> None:
@@ -422,6 +467,15 @@ class AsyncLockHold(LockFacts, _AsyncHold):
         self._hold_init(client, cancel_on_loss)
 
 
+class AsyncLockSetHold(LockSetFacts, _AsyncHold):
+    """Locks held by `async with client.lock_many(...)`; see `AsyncClient.lock_many`."""
+
+    def __init__(self, client: AsyncClient, keys: Sequence[str], *, cancel_on_loss: bool,
+                 **options: Any) -> None:
+        LockSetFacts.__init__(self, keys, **options)
+        self._hold_init(client, cancel_on_loss)
+
+
 class AsyncSlotHold(SlotFacts, _AsyncHold):
     """A pool slot held by `async with client.slot(...)`; see `AsyncClient.slot`."""
 
@@ -432,12 +486,12 @@ class AsyncSlotHold(SlotFacts, _AsyncHold):
 
 
 class AsyncSessionHold(
-    SessionFacts["AsyncAttachedLock", "AsyncLockSet", "AsyncAttachedSlot"], _AsyncHold
+    SessionFacts["AsyncAttachedLock", "AsyncAttachedLockSet", "AsyncAttachedSlot"], _AsyncHold
 ):
     """A session held by `async with client.session(...)`; see `AsyncClient.session`."""
 
     def __init__(self, client: AsyncClient, *, cancel_on_loss: bool, **options: Any) -> None:
-        kinds = AttachedKinds(AsyncAttachedLock, AsyncLockSet, AsyncAttachedSlot)
+        kinds = AttachedKinds(AsyncAttachedLock, AsyncAttachedLockSet, AsyncAttachedSlot)
         SessionFacts.__init__(self, kinds=kinds, **options)
         self._hold_init(client, cancel_on_loss)
 
@@ -479,26 +533,27 @@ class AsyncAttachedSlot(AttachedSlotFacts, _AsyncAttached):
         self._client = session._client
 
 
-class AsyncLockSet(LockSetFacts, _AsyncAttached):
+class AsyncAttachedLockSet(AttachedLockSetFacts, _AsyncAttached):
     """Locks held by `async with session.lock_many(...)`; see `AsyncSessionHold.lock_many`."""
 
     def __init__(self, session: AsyncSessionHold, keys: Iterable[str], **options: Any) -> None:
-        LockSetFacts.__init__(self, session, keys, **options)
+        AttachedLockSetFacts.__init__(self, session, keys, **options)
         self._client = session._client
 
-    async def _acquire(self) -> dict[str, Lease]:
-        """Every share at once (see `LockSetFacts.shares`); all or none."""
+    async def _acquire(self) -> LockSet:
+        """Every share at once (see `AttachedLockSetFacts.shares`); all or none."""
         shares = self.shares(LOCK_SET_WAYS)
         results = await asyncio.gather(
             *(self._client._run(self.acquire_share(share)) for share in shares),
             return_exceptions=True,
         )
-        taken = [r for r in results if isinstance(r, dict)]
+        taken = [r.leases for r in results if isinstance(r, LockSet)]
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:  # each failed share released its own; release the others'
-            await self._release_shares([list(share) for share in taken])
+            await self._release_shares([[lease.key for lease in share] for share in taken])
             raise failed[0]
-        return {key: lease for share in taken for key, lease in share.items()}
+        return LockSet(leases=[lease for share in taken for lease in share],
+                       lock_token=self.token)
 
     async def _release_quietly(self) -> None:
         await self._release_shares(self.shares(LOCK_SET_WAYS))

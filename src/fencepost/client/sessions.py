@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
-from fencepost.client.calls import name_segment, new_token
-from fencepost.client.holding import Holding, LockFacts, SlotFacts
-from fencepost.client.keeper import Loss, SessionTerms
-from fencepost.client.models import Lease, SessionGrant
+from fencepost.client.calls import name_segment
+from fencepost.client.holding import Holding, LockFacts, LockSetFacts, SlotFacts
+from fencepost.client.keeper import LockTerms, Loss, SessionTerms, Terms
+from fencepost.client.models import Lease, LockSet, SessionGrant
 from fencepost.client.operations import (
     Op,
-    acquire_lock,
+    acquire_lock_set,
     create_session,
     end_session,
     release_call,
@@ -33,6 +33,9 @@ from fencepost.errors import FencepostError
 # How many requests the async client keeps in flight for one fail-fast lock
 # set: as many as the client sends at once (more would only queue for a turn).
 LOCK_SET_WAYS = MAX_IN_FLIGHT
+# The most keys one lock set takes (SPEC §3.7); a longer session.lock_many()
+# is taken as several sets.
+LOCK_SET_MAX_KEYS = 32
 # Attached leases have no TTL of their own; the server asks for one anyway
 # (SPEC §3.1) and does not use it.
 _UNUSED_TTL = 5
@@ -90,27 +93,28 @@ class SessionFacts(Holding, Generic[LockT, SetT, SlotT]):
     def lock(
         self, key: str, *, wait: float = 0, operation: str | None = None,
         metadata: Mapping[str, Any] | None = None, lock_delay: int = 0,
-        token: str | None = None,
+        shared: bool = False, token: str | None = None,
     ) -> LockT:
         """Hold lock `key` for a `with` (`async with`) block, attached to this
         session: as the client's `lock()`, but it follows the session's expiry
         and is renewed by the session's heartbeat alone."""
         return self._kinds.lock(
             self, key, wait=wait, operation=operation, metadata=metadata,
-            lock_delay=lock_delay, token=token,
+            lock_delay=lock_delay, shared=shared, token=token,
         )
 
     def lock_many(
         self, keys: Iterable[str], *, wait: float = 0, operation: str | None = None,
         metadata: Mapping[str, Any] | None = None, lock_delay: int = 0,
-        token: str | None = None,
+        shared: bool = False, token: str | None = None,
     ) -> SetT:
         """Hold every lock of `keys` for a `with` (`async with`) block, all or
-        none, under one lock token, attached to this session (taken in key
-        order, so overlapping sets never deadlock; `wait` applies to each key)."""
+        none, under one lock token, attached to this session: one lock set of up
+        to 32 keys, more as consecutive sets in key order, so overlapping sets
+        never deadlock (`wait` applies to each set)."""
         return self._kinds.lock_set(
             self, keys, wait=wait, operation=operation, metadata=metadata,
-            lock_delay=lock_delay, token=token,
+            lock_delay=lock_delay, shared=shared, token=token,
         )
 
     def slot(self, pool: str, *, wait: float = 0, no_queue: bool = False) -> SlotT:
@@ -126,9 +130,9 @@ class SessionFacts(Holding, Generic[LockT, SetT, SlotT]):
     def _acquire_op(self) -> Op[SessionGrant]:
         return create_session(self._ttl, name=self._name)
 
-    def _make_terms(self, grant: SessionGrant, sent: float, answered: float) -> SessionTerms:
+    def _make_terms(self, grant: SessionGrant, sent: float, answered: float) -> list[Terms]:
         self._terms = SessionTerms(grant, sent, answered, self._renew_every)
-        return self._terms
+        return [self._terms]
 
     def _release_op(self) -> Op[bool]:
         ended = yield from end_session(self.session_id)
@@ -176,78 +180,66 @@ class AttachedSlotFacts(Attached, SlotFacts):
         )
 
 
-class LockSetFacts(Attached):
+class AttachedLockSetFacts(Attached, LockSetFacts):
     """Many locks held together under one lock token, attached to a session
-    (`session.lock_many(...)`): all of them or none. They are taken in key
-    order, so two callers asking for overlapping sets never deadlock, and a
-    failure releases those already taken."""
-
-    _what = "lock set"
+    (`session.lock_many(...)`): all of them or none. Up to 32 keys are one lock
+    set (`POST /v1/lock-sets`, SPEC §3.7); more are taken as consecutive sets
+    of 32 in key order, so two callers asking for overlapping sets never
+    deadlock, and a refusal releases the sets already taken."""
 
     def __init__(
-        self,
-        session: SessionFacts[Any, Any, Any],
-        keys: Iterable[str],
-        *,
-        wait: float,
-        operation: str | None,
-        metadata: Mapping[str, Any] | None,
-        lock_delay: int,
-        token: str | None,
+        self, session: SessionFacts[Any, Any, Any], keys: Iterable[str], **options: Any
     ) -> None:
-        super().__init__(None, session._raise_on_loss)
         self._session = session
-        self.keys = sorted({name_segment(key, "keys") for key in keys})
-        if not self.keys:
+        names = sorted({name_segment(key, "keys") for key in keys})
+        if not names:
             raise ValueError("lock_many() needs at least one key")
-        self.token = token or new_token()
-        self._wait = wait
-        self._operation = operation
-        self._metadata = metadata
-        self._lock_delay = lock_delay
-        self._leases: dict[str, Lease] = {}
-
-    @property
-    def leases(self) -> dict[str, Lease]:
-        """Each key's lease, as the server granted it."""
-        return self._leases
-
-    @property
-    def fencing_tokens(self) -> dict[str, int]:
-        """Each key's fencing token; pass it with every write to what that key protects."""
-        return {key: lease.fencing_token for key, lease in self._leases.items()}
+        LockSetFacts.__init__(
+            self, names, ttl=_UNUSED_TTL, on_expiry="release", renew_every=None,
+            on_lost=None, raise_on_loss=session._raise_on_loss,
+            session_id=session.session_id, **options,
+        )
 
     def shares(self, ways: int) -> list[list[str]]:
         """The keys split into up to `ways` shares that may be acquired (and
         released) at the same time. Only a fail-fast set is split: waiting for
         keys in parallel could deadlock two sets waiting for each other's keys,
-        which taking them one by one in key order never does."""
+        which taking them in key order never does."""
         if self._wait > 0 or ways <= 1:
             return [self.keys]
-        return [share for i in range(ways) if (share := self.keys[i::ways])]
+        sets = _in_sets(self.keys)
+        return [
+            [key for part in sets[i::ways] for key in part] for i in range(min(ways, len(sets)))
+        ]
 
-    def _acquire_op(self) -> Op[dict[str, Lease]]:
+    def _acquire_op(self) -> Op[LockSet]:
         return self.acquire_share(self.keys)
 
-    def acquire_share(self, keys: list[str]) -> Op[dict[str, Lease]]:
-        """Take `keys` in order; on a refusal, release those taken and raise it."""
-        taken: dict[str, Lease] = {}
+    def acquire_share(self, keys: list[str]) -> Op[LockSet]:
+        """Take `keys` as lock sets in key order (one grant for them all); on a
+        refusal, release those taken and raise it."""
+        taken: list[Lease] = []
         try:
-            for key in keys:
-                taken[key] = yield from acquire_lock(
-                    key, ttl=_UNUSED_TTL, wait=self._wait, operation=self._operation,
-                    metadata=self._metadata, lock_delay=self._lock_delay, token=self.token,
-                    session_id=self._session.session_id,
+            for part in _in_sets(keys):
+                granted = yield from acquire_lock_set(
+                    part, ttl=_UNUSED_TTL, wait=self._wait, operation=self._operation,
+                    metadata=self._metadata, lock_delay=self._lock_delay, shared=self.shared,
+                    token=self.token, session_id=self._session.session_id,
                 )
+                taken.extend(granted.leases)
         except FencepostError:
-            yield from self.release_share(list(taken))
+            yield from self.release_share([lease.key for lease in taken])
             raise
-        return taken
+        return LockSet(leases=taken, lock_token=self.token)
 
-    def _make_terms(self, leases: dict[str, Lease], sent: float, answered: float) -> Any:
-        # No terms: nothing of a set is timed on its own (the session is).
-        self._leases = leases
-        return None
+    def _make_terms(self, granted: LockSet, sent: float, answered: float) -> list[Terms]:
+        # Kept for `leases` and `fencing_tokens`; none is timed on its own (the
+        # session is), so the hold starts no keeper.
+        by_key = {lease.key: lease for lease in granted.leases}
+        self._terms = [
+            LockTerms(by_key[key], self._ttl, sent, answered, None) for key in self.keys
+        ]
+        return []
 
     def _release_op(self) -> Op[bool]:
         return self.release_share(self.keys)
@@ -263,5 +255,7 @@ class LockSetFacts(Attached):
                 released = False
         return released
 
-    def _release_after_failed_acquire(self) -> bool:
-        return True  # the token is ours: releasing what it may hold is always safe
+
+def _in_sets(keys: list[str]) -> list[list[str]]:
+    """`keys` cut into lock sets of at most LOCK_SET_MAX_KEYS, in order."""
+    return [keys[i:i + LOCK_SET_MAX_KEYS] for i in range(0, len(keys), LOCK_SET_MAX_KEYS)]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -16,7 +16,14 @@ import httpx
 from tenacity import Retrying
 
 from fencepost.client.calls import Call, Sleep, raise_for_status
-from fencepost.client.holding import Holding, LockFacts, SlotFacts, log, report_failure
+from fencepost.client.holding import (
+    Holding,
+    LockFacts,
+    LockSetFacts,
+    SlotFacts,
+    log,
+    report_failure,
+)
 from fencepost.client.keeper import Terms, keep_alive
 from fencepost.client.key_refresh import CurrentKey, KeyRefresh, OnKeyRefresh, refresh_if_due
 from fencepost.client.methods import Methods, SyncRunner
@@ -26,8 +33,8 @@ from fencepost.client.retrying import RELEASE_RETRIES, Retries, tenacity_options
 from fencepost.client.sessions import (
     AttachedKinds,
     AttachedLockFacts,
+    AttachedLockSetFacts,
     AttachedSlotFacts,
-    LockSetFacts,
     SessionFacts,
 )
 from fencepost.client.transport import (
@@ -197,6 +204,7 @@ class Client(CurrentKey, Methods, SyncRunner):
         metadata: Mapping[str, Any] | None = None,
         on_expiry: OnExpiry = "release",
         lock_delay: int = 0,
+        shared: bool = False,
         renew_every: float | None = None,
         on_lost: Callable[[LockHold], Any] | None = None,
         raise_on_loss: bool = True,
@@ -210,12 +218,36 @@ class Client(CurrentKey, Methods, SyncRunner):
         `on_lost(hold)` from the renewal thread; a thread cannot be interrupted,
         so call `hold.check()` between steps of work. A block that ends normally
         after its lease was lost raises `LeaseLost` unless `raise_on_loss=False`.
-        See `AsyncClient.lock` for the rest."""
+        See `AsyncClient.lock` for the rest (`shared=True` for a reader)."""
         return LockHold(
             self, key, ttl=ttl, wait=wait, operation=operation, metadata=metadata,
             on_expiry=on_expiry, lock_delay=lock_delay, renew_every=renew_every, token=token,
-            on_lost=on_lost,
+            on_lost=on_lost, shared=shared,
             raise_on_loss=raise_on_loss,
+        )
+
+    def lock_many(
+        self,
+        keys: Sequence[str],
+        *,
+        ttl: int = 60,
+        wait: float = 0,
+        operation: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        on_expiry: OnExpiry = "release",
+        lock_delay: int = 0,
+        shared: bool = False,
+        renew_every: float | None = None,
+        on_lost: Callable[[LockSetHold], Any] | None = None,
+        raise_on_loss: bool = True,
+        token: str | None = None,
+    ) -> LockSetHold:
+        """Hold every lock in `keys` for a `with` block, all or none, renewed in
+        background threads with one loss signal; see `AsyncClient.lock_many`."""
+        return LockSetHold(
+            self, keys, ttl=ttl, wait=wait, operation=operation, metadata=metadata,
+            on_expiry=on_expiry, lock_delay=lock_delay, renew_every=renew_every, token=token,
+            on_lost=on_lost, shared=shared, raise_on_loss=raise_on_loss,
         )
 
     def slot(
@@ -286,18 +318,22 @@ class _SyncHold(_SyncAcquiring):
         self._stop = threading.Event()
         self.lost_event = threading.Event()
         """Set when the lease is lost."""
-        self._keeper: threading.Thread | None = None
+        self._keepers: list[threading.Thread] = []
 
 
     def __enter__(self) -> Self:
-        terms = self._acquire_now()
+        results = self._acquire_now()
         self._held = True
         owner = threading.current_thread()
-        self._keeper = threading.Thread(
-            target=self._keep, args=(terms, owner), name=f"fencepost-keep-{self._what}",
-            daemon=True,
-        )
-        self._keeper.start()
+        self._keepers = [
+            threading.Thread(
+                target=self._keep, args=(terms, owner), name=f"fencepost-keep-{self._what}",
+                daemon=True,
+            )
+            for terms in results
+        ]
+        for keeper in self._keepers:
+            keeper.start()
         return self
 
     def __exit__(
@@ -305,10 +341,10 @@ class _SyncHold(_SyncAcquiring):
         tb: TracebackType | None,
     ) -> None:
         self._stop.set()  # from here on, no renewal starts
-        if self._keeper is not None:
+        for keeper in self._keepers:
             # A renewal already in flight may still land; the release below ends
             # the lease either way (a renewal never revives a released lease).
-            self._keeper.join(timeout=self._client.settings.timeout + 1)
+            keeper.join(timeout=self._client.settings.timeout + 1)
         self._release_quietly()
         self._held = False
         if self._should_raise_on_exit(exc is not None):
@@ -342,6 +378,14 @@ class LockHold(LockFacts, _SyncHold):
         self._hold_init(client)
 
 
+class LockSetHold(LockSetFacts, _SyncHold):
+    """Locks held by `with client.lock_many(...)`; see `Client.lock_many`."""
+
+    def __init__(self, client: Client, keys: Sequence[str], **options: Any) -> None:
+        LockSetFacts.__init__(self, keys, **options)
+        self._hold_init(client)
+
+
 class SlotHold(SlotFacts, _SyncHold):
     """A pool slot held by `with client.slot(...)`; see `Client.slot`."""
 
@@ -350,12 +394,12 @@ class SlotHold(SlotFacts, _SyncHold):
         self._hold_init(client)
 
 
-class SessionHold(SessionFacts["AttachedLock", "LockSet", "AttachedSlot"], _SyncHold):
+class SessionHold(SessionFacts["AttachedLock", "AttachedLockSet", "AttachedSlot"], _SyncHold):
     """A session held by `with client.session(...)`; see `Client.session`."""
 
     def __init__(self, client: Client, **options: Any) -> None:
         SessionFacts.__init__(
-            self, kinds=AttachedKinds(AttachedLock, LockSet, AttachedSlot), **options
+            self, kinds=AttachedKinds(AttachedLock, AttachedLockSet, AttachedSlot), **options
         )
         self._hold_init(client)
 
@@ -398,9 +442,9 @@ class AttachedSlot(AttachedSlotFacts, _SyncAttached):
         self._client = session._client
 
 
-class LockSet(LockSetFacts, _SyncAttached):
+class AttachedLockSet(AttachedLockSetFacts, _SyncAttached):
     """Locks held by `with session.lock_many(...)`; see `SessionHold.lock_many`."""
 
     def __init__(self, session: SessionHold, keys: Iterable[str], **options: Any) -> None:
-        LockSetFacts.__init__(self, session, keys, **options)
+        AttachedLockSetFacts.__init__(self, session, keys, **options)
         self._client = session._client

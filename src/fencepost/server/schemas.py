@@ -11,7 +11,13 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from fencepost.core.leases import LOCK_DELAY_MAX_SECONDS, TTL_MAX_SECONDS, TTL_MIN_SECONDS
+from fencepost.core.leases import (
+    LOCK_DELAY_MAX_SECONDS,
+    LOCK_SET_MAX_KEYS,
+    TTL_MAX_SECONDS,
+    TTL_MIN_SECONDS,
+)
+from fencepost.core.names import NAME_PATTERN
 from fencepost.core.sessions import (
     SESSION_ID_PATTERN,
     SESSION_TTL_MAX_SECONDS,
@@ -55,6 +61,20 @@ class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     pass
 
 
+LockMode = Annotated[
+    Literal["exclusive", "shared"],
+    Meta(description="`exclusive` excludes every other lease; any number of `shared` "
+         "leases may be live together."),
+]
+LockDelaySeconds = Annotated[
+    int,
+    Meta(ge=0, le=LOCK_DELAY_MAX_SECONDS,
+         description="After this lease ends by expiry or force release (not by its "
+         "holder's release), nobody is granted the lock for this long."),
+]
+LockKey = Annotated[str, Meta(pattern=NAME_PATTERN, min_length=1, max_length=128)]
+
+
 class AcquireLockBody(Request):
     # Required as SPEC §3.1 says, even with `session_id` (then checked and not
     # used: an attached lease's expiry is its session's), so that one schema
@@ -64,12 +84,25 @@ class AcquireLockBody(Request):
     operation: Operation | None = None
     metadata: Metadata | None = None
     on_expiry: Literal["release", "keep"] = "release"
-    lock_delay_seconds: Annotated[
-        int,
-        Meta(ge=0, le=LOCK_DELAY_MAX_SECONDS,
-             description="After this lease ends by expiry or force release (not by its "
-             "holder's release), nobody is granted the lock for this long."),
-    ] = 0
+    lock_delay_seconds: LockDelaySeconds = 0
+    mode: LockMode = "exclusive"
+    session_id: SessionId | None = None
+
+
+class AcquireLockSetBody(Request):
+    keys: Annotated[
+        list[LockKey],
+        Meta(min_length=1, max_length=LOCK_SET_MAX_KEYS,
+             description="The locks to take, all or none; distinct names.",
+             extra_json_schema={"uniqueItems": True}),
+    ]
+    ttl_seconds: TtlSeconds
+    wait_seconds: WaitSeconds = 0.0
+    operation: Operation | None = None
+    metadata: Metadata | None = None
+    on_expiry: Literal["release", "keep"] = "release"
+    lock_delay_seconds: LockDelaySeconds = 0
+    mode: LockMode = "exclusive"
     session_id: SessionId | None = None
 
 
@@ -85,6 +118,13 @@ class LeaseGrant(msgspec.Struct):
     deadline_at: At
     operation: str | None
     on_expiry: Literal["release", "keep"]
+
+
+class LockSetGrant(msgspec.Struct):
+    leases: Annotated[
+        list[LeaseGrant],
+        Meta(description="One lease per key, in the order asked, all under the one lock token."),
+    ]
 
 
 class LeaseRenewal(msgspec.Struct):
@@ -112,6 +152,14 @@ class LockState(msgspec.Struct):
     waiters: int
     holder: KeyHolder | None
     line: list[LineWaiter]
+    mode: Annotated[
+        Literal["exclusive", "shared"] | None, Meta(description="Null when not held.")
+    ]
+    holders: Annotated[
+        int,
+        Meta(description="How many leases are live (several for a shared lock, whose "
+             "oldest holder the other fields show)."),
+    ]
 
 
 class KeyHolder(msgspec.Struct):
@@ -143,6 +191,11 @@ class ForceReleasedLease(msgspec.Struct):
     fencing_token: int
     age_ms: int
     expires_in_ms: int
+    released_count: Annotated[
+        int,
+        Meta(description="How many live leases ended (several for a shared lock, whose "
+             "oldest lease the other fields describe)."),
+    ]
 
 
 class FenceCheck(msgspec.Struct):
@@ -165,6 +218,7 @@ class NothingToRelease(msgspec.Struct):
     released: Literal[False]
     key: str
     message: str
+    released_count: Literal[0]
 
 
 RoleName = Literal["admin", "member", "reader"]

@@ -1,5 +1,5 @@
 -- Sessions (SPEC §3.10): one heartbeat for many leases and slots.
--- depends: 0008_primitives
+-- depends: 0010_lock_sets
 
 -- One row per session, kept after it ends (for a day, like ended_leases) so a
 -- late renewal learns why it lost. `owner_root` is the first key of the
