@@ -61,6 +61,12 @@ def take(c: httpx.Client, key: str, session_id: str, token: str | None = None,
                  json={"ttl_seconds": 30, "session_id": session_id, **extra})
 
 
+def take_set(c: httpx.Client, keys: Any, session_id: Any, token: str | None = None,
+             **extra: Any) -> httpx.Response:
+    return c.post("/v1/lock-sets", headers=lock_headers(token or new_token()),
+                  json={"keys": keys, "ttl_seconds": 30, "session_id": session_id, **extra})
+
+
 def error(resp: httpx.Response, status: int, code: str) -> dict[str, Any]:
     assert resp.status_code == status, resp.text
     body = dict(resp.json()["error"])
@@ -159,6 +165,66 @@ def test_a_session_lease_waits_in_line_like_any_other(member: httpx.Client) -> N
     assert take(member, key, sid, wait_seconds=1).status_code == 201
 
 
+def test_a_lock_set_follows_the_session_and_ends_with_it(member: httpx.Client) -> None:
+    sid = start(member, 20)["session_id"]
+    keys = sorted(unique_name("sess") for _ in range(3))
+    token = new_token()
+    grant = take_set(member, keys, sid, token, mode="shared")
+    assert grant.status_code == 201, grant.text
+    session = member.get(f"/v1/sessions/{sid}").json()
+    assert {lease["expires_at"] for lease in grant.json()["leases"]} == {session["expires_at"]}
+    assert take_set(member, keys, sid, token, mode="shared").status_code == 200  # a retry
+    assert (session["keys"], session["leases"]) == (keys, 3)
+    renewed = member.patch(f"/v1/sessions/{sid}", json={"ttl_seconds": 600}).json()
+    for key in keys:
+        lock = member.get(f"/v1/locks/{key}").json()
+        assert lock["held"] and lock["expires_at"] == renewed["expires_at"]
+    assert member.delete(f"/v1/sessions/{sid}").json() == {"ended": True, "leases": 3, "slots": 0}
+    for key in keys:
+        assert member.get(f"/v1/locks/{key}").json()["held"] is False
+    lost = error(member.patch(f"/v1/locks/{keys[0]}/lease", headers=lock_headers(token),
+                              json={"ttl_seconds": 30}), 409, "lease_lost")
+    assert lost["reason"] == "session_ended"
+
+
+def test_a_lock_set_on_an_ended_or_unknown_session_takes_nothing(member: httpx.Client) -> None:
+    sid = start(member)["session_id"]
+    member.delete(f"/v1/sessions/{sid}")
+    keys = [unique_name("sess"), unique_name("sess")]
+    assert error(take_set(member, keys, sid), 409, "session_lost")["reason"] == "session_ended"
+    error(take_set(member, keys, UNKNOWN_ID), 404, "not_found")
+    assert all(member.get(f"/v1/locks/{key}").json()["held"] is False for key in keys)
+
+
+@pytest.mark.parametrize("sid", ["", "ses_", "ses_!!!!!!!!!!!!!!!!!!!!", 7, ["ses_x"],
+                                 "ses_" + "A" * 65])
+def test_a_malformed_session_id_on_a_lock_set_is_422(member: httpx.Client, sid: Any) -> None:
+    keys = [unique_name("sess"), unique_name("sess")]
+    details = error(take_set(member, keys, sid), 422, "validation_error")["details"]
+    assert [d["field"] for d in details] == ["session_id"]
+    assert all(member.get(f"/v1/locks/{key}").json()["held"] is False for key in keys)
+
+
+def test_a_keep_lock_set_cannot_follow_a_session(member: httpx.Client) -> None:
+    sid = start(member)["session_id"]
+    keys = [unique_name("sess"), unique_name("sess")]
+    details = error(take_set(member, keys, sid, on_expiry="keep"), 422,
+                    "validation_error")["details"]
+    assert [d["field"] for d in details] == ["on_expiry"]
+    assert all(member.get(f"/v1/locks/{key}").json()["held"] is False for key in keys)
+
+
+def test_a_lock_set_with_a_repeated_session_id_is_400(member: httpx.Client) -> None:
+    sid = start(member)["session_id"]
+    key = unique_name("sess")
+    raw = json.dumps({"keys": [key], "ttl_seconds": 30, "session_id": sid})
+    raw = raw[:-1] + f', "session_id": "{sid}"}}'
+    resp = member.post("/v1/lock-sets", content=raw.encode(), headers={
+        **lock_headers(new_token()), "Content-Type": "application/json"})
+    error(resp, 400, "invalid_request")
+    assert member.get(f"/v1/locks/{key}").json()["held"] is False
+
+
 def test_renewal_inside_the_last_second_is_session_expired(member: httpx.Client) -> None:
     session = start(member, 5)
     time.sleep(max(0.0, at_s(session["expires_at"]) - time.time() - 0.6))
@@ -170,13 +236,16 @@ def test_renewal_inside_the_last_second_is_session_expired(member: httpx.Client)
 # --- who may see a session ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("call", ["GET", "PATCH", "DELETE", "lock", "slot"])
+@pytest.mark.parametrize("call", ["GET", "PATCH", "DELETE", "lock", "lock_set", "slot"])
 def test_another_keys_session_is_not_found(server: ServerProcess, member: httpx.Client,
                                            other: httpx.Client, call: str) -> None:
     sid = start(member)["session_id"]
     key = unique_name("sess")
     if call == "lock":
         resp = take(other, key, sid)
+    elif call == "lock_set":
+        resp = take_set(other, [key, unique_name("sess")], sid)
+        assert other.get(f"/v1/locks/{key}").json()["held"] is False
     elif call == "slot":
         pool = unique_name("sesspool")
         with server.client() as admin:

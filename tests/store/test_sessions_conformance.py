@@ -8,12 +8,12 @@ import uuid
 import pytest
 
 from fencepost.core.keys import Role
-from fencepost.core.leases import AcquireRequest, Busy, Granted
+from fencepost.core.leases import AcquireRequest, Busy, Granted, Mode, SetGranted
 from fencepost.core.sessions import Session
 from fencepost.core.slots import PoolConfig
 from fencepost.errors import LeaseLost, NotFound, SessionExpired, SessionLost
 from fencepost.events import Ended, SessionChanged
-from fencepost.store.base import NewKey
+from fencepost.store.base import ForceReleaser, NewKey
 
 from .conftest import reopen
 
@@ -248,6 +248,69 @@ async def test_a_waiter_whose_session_ended_is_refused(store):
     await store.end_session(P, alice, session.session_id)
     with pytest.raises(SessionLost):
         await store.retry_waiter(P, "k", wanted, queued.ticket, 5_000)
+
+
+async def test_a_lock_set_attaches_every_lease_and_ends_with_the_session(store, clock):
+    alice = await member(store)
+    session = await store.create_session(P, alice, 10, None)
+    wanted = AcquireRequest(token(), 30, key_id=alice, session_id=session.session_id,
+                            mode=Mode.SHARED)
+    granted = (await store.acquire_lock_set(P, ["b", "a"], wanted, wait_alive_ms=None)).outcome
+    assert isinstance(granted, SetGranted)
+    assert {(lease.session_id, lease.expires_ms) for lease in granted.leases} == {
+        (session.session_id, session.expires_ms)}
+    reader = await attach(store, alice, session, "a", mode=Mode.SHARED)  # a second reader
+    assert (await store.get_lock(P, "a")).holders == 2
+    view = await store.get_session(P, alice, session.session_id)
+    assert (view.keys, view.leases) == (["a", "b"], 3)  # each key once, every lease counted
+    renewed = await store.renew_session(P, alice, session.session_id, 60)
+    assert (await store.get_lock(P, "b")).lease.expires_ms == renewed.expires_ms
+    clock.advance(60_000)
+    assert await store.reap() == 3
+    for tok, key in ((wanted.lock_token, "a"), (wanted.lock_token, "b"),
+                     (reader.lock_token, "a")):
+        with pytest.raises(LeaseLost) as lost:
+            await store.renew_lock(P, key, tok, 30)
+        assert lost.value.reason == "session_expired"
+
+
+async def test_a_lock_set_needs_the_callers_live_session(store):
+    alice = await member(store)
+    bob = (await store.create_key(P, NewKey(Role.MEMBER)))[0].id
+    session = await store.create_session(P, alice, 30, None)
+    wanted = AcquireRequest(token(), 30, key_id=bob, session_id=session.session_id)
+    with pytest.raises(NotFound):
+        await store.acquire_lock_set(P, ["a", "b"], wanted, wait_alive_ms=None)
+    await store.end_session(P, alice, session.session_id)
+    mine = AcquireRequest(token(), 30, key_id=alice, session_id=session.session_id)
+    with pytest.raises(SessionLost):
+        await store.acquire_lock_set(P, ["a", "b"], mine, wait_alive_ms=None)
+    assert await store.list_locks(P, "", None, 10) == []
+
+
+async def test_a_set_waiter_whose_session_ended_is_refused(store):
+    alice = await member(store)
+    await store.acquire_lock(P, "b", AcquireRequest(token(), 30), wait_alive_ms=None)
+    session = await store.create_session(P, alice, 30, None)
+    wanted = AcquireRequest(token(), 30, key_id=alice, session_id=session.session_id,
+                            wait_ms=10_000)
+    queued = await store.acquire_lock_set(P, ["a", "b"], wanted, wait_alive_ms=5_000)
+    assert queued.ticket is not None
+    await store.end_session(P, alice, session.session_id)
+    with pytest.raises(SessionLost):
+        await store.retry_set_waiter(P, ["a", "b"], wanted, queued.ticket, 5_000)
+
+
+async def test_force_releasing_a_lease_dead_with_its_session_records_why(store, clock):
+    alice = await member(store)
+    session = await store.create_session(P, alice, 10, None)
+    wanted = await attach(store, alice, session)
+    clock.advance(10_000)
+    released = await store.force_release(P, "k", ForceReleaser("key_admin", is_admin=True))
+    assert released.lease is None
+    with pytest.raises(LeaseLost) as lost:
+        await store.renew_lock(P, "k", wanted.lock_token, 30)
+    assert lost.value.reason == "session_expired"
 
 
 async def test_an_attached_slot_renews_to_nothing_new_and_its_cap_holds(store, clock):

@@ -737,9 +737,11 @@ def follow_session(tx: Tx, session_id: str, expires_ms: int) -> None:
 
 def held_by_session(tx: Tx, session_id: str, limit: int) -> tuple[list[str], int]:
     """The keys of the live leases attached to a session (the first `limit`,
-    sorted) and how many there are."""
+    sorted, each once: shared leases of one key may share a session) and how
+    many leases there are."""
     rows = tx.execute(
-        "SELECT key FROM locks WHERE session_id = ? AND dies_ms > ? ORDER BY key LIMIT ?",
+        "SELECT DISTINCT key FROM locks WHERE session_id = ? AND dies_ms > ? "
+        "ORDER BY key LIMIT ?",
         (session_id, tx.now_ms, limit),
     ).fetchall()
     (count,) = tx.execute(
