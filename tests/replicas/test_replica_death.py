@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 import httpx
 import pytest
 
-from support import ServerProcess, lock_headers, new_token, unique_name
+from support import ServerProcess, lock_headers, new_token, poll, unique_name
 
 # The old behaviour kept ghosts in line for WAITER_ALIVE_MS (5 s); the SPEC
 # says 1 s. Polls end here, generous for a loaded machine, well under 5 s.
@@ -29,17 +29,6 @@ WAITERS = 3
 def at_ms(stamp: str) -> int:
     """An `_at` field (RFC 3339, ms, Z) as epoch milliseconds."""
     return int(datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() * 1000)
-
-
-def poll(what: str, attempt: Callable[[], Any], within_s: float, every_s: float = 0.05) -> Any:
-    """The first truthy result of `attempt`, or fail once `within_s` has passed."""
-    deadline = time.monotonic() + within_s
-    while True:
-        result = attempt()
-        if result:
-            return result
-        assert time.monotonic() < deadline, f"{what}: not within {within_s} s"
-        time.sleep(every_s)
 
 
 def acquire(replica: ServerProcess, key: str, token: str, **body: Any) -> httpx.Response:

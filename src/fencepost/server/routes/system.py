@@ -14,12 +14,20 @@ from fencepost.server.metrics import CONTENT_TYPE
 from fencepost.store.base import Census
 
 
+def _which_worker(request: Request) -> dict[str, str] | None:
+    """The answering worker's number (`serve --workers N`): behind one port,
+    a probe otherwise cannot tell the workers apart."""
+    worker: int | None = request.app.config.worker
+    return None if worker is None else {"X-Fencepost-Worker": str(worker)}
+
+
 async def livez(request: Request) -> Response:
     """The process serves: it never asks the store, so that a database outage
     does not get every replica restarted."""
     store = services(request).store
     return json_response(
-        200, schemas.Health(status="ok", store=store.url_scheme, version=__version__)
+        200, schemas.Health(status="ok", store=store.url_scheme, version=__version__),
+        _which_worker(request),
     )
 
 
@@ -36,7 +44,8 @@ async def readyz(request: Request) -> Response:
     except Exception as exc:  # noqa: BLE001 - any store failure means not ready
         return error_response(StoreUnavailable(f"The store is not answering: {exc}."))
     return json_response(
-        200, schemas.Health(status="ok", store=store.url_scheme, version=__version__)
+        200, schemas.Health(status="ok", store=store.url_scheme, version=__version__),
+        _which_worker(request),
     )
 
 
