@@ -18,6 +18,7 @@ from fencepost.store.file_guard import FileGuard
 from fencepost.store.local_peers import LocalPeers
 from fencepost.store.migrate import apply_migrations
 from fencepost.store.sql_store import DEFAULT_READERS, SqlStore
+from fencepost.store.writer_turn import WriterTurn
 
 _log = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ class SqliteEngine:
         self.clock_ms = clock_ms
         self.guard = FileGuard(path)
         self.peers = peers
+        self.turn = WriterTurn(path)
 
     def connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -58,10 +60,17 @@ class SqliteEngine:
         # in another process waits instead of failing mid-batch. Readers take a
         # WAL snapshot and never block the writer.
         self._refuse_if_lost()
+        if exclusive:
+            self.turn.take()  # among this file's server processes (see writer_turn.py)
         conn.execute("BEGIN IMMEDIATE" if exclusive else "BEGIN")
         return self.clock_ms
 
     def execute(self, conn: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> Cursor:
+        if sql == "ROLLBACK":  # a batch given up or replayed (batch.py): the turn passes on
+            try:
+                return conn.execute(sql, params)
+            finally:
+                self.turn.give()
         return conn.execute(sql, params)
 
     def commit(self, conn: sqlite3.Connection, events: list[Any]) -> None:
@@ -70,7 +79,10 @@ class SqliteEngine:
         # transaction so that one that registered before it is told.
         freed = [event for event in events if isinstance(event, Freed)]
         others = self.peers.others(conn.execute) if freed else []
-        conn.execute("COMMIT")
+        try:
+            conn.execute("COMMIT")
+        finally:
+            self.turn.give()
         # Checked after the commit, so that a file lost at any moment before
         # it is caught: the batch's callers then get 503, never a 2xx for a
         # write into a file that is gone.
@@ -138,6 +150,7 @@ class SqliteStore(SqlStore):
     async def close(self) -> None:
         await super().close()
         self._peers.unbind()
+        self._engine.turn.close()
 
     async def now_ms(self) -> int:
         return self._clock_ms()
