@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from pg_support import temporary_database
 from support import ServerProcess, lock_headers, new_token, poll, unique_name
 

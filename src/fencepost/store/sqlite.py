@@ -37,11 +37,13 @@ class SqliteEngine:
     # batch's operations together, so each runs whole, in turn.
     pipelines = False
 
-    def __init__(self, path: str, clock_ms: Callable[[], int], peers: LocalPeers) -> None:
+    def __init__(
+        self, path: str, clock_ms: Callable[[], int], peers: LocalPeers | None = None
+    ) -> None:
         self.path = path
         self.clock_ms = clock_ms
         self.guard = FileGuard(path)
-        self.peers = peers
+        self.peers = peers or LocalPeers()  # unbound: a lone engine tells nobody
         self.turn = WriterTurn(path)
 
     def connect(self) -> sqlite3.Connection:
