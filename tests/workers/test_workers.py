@@ -244,6 +244,46 @@ def _pid_of_worker(server: ServerProcess, number: int) -> int:
     raise AssertionError(f"no process is worker {number}")
 
 
+# --- /metrics behind one port ---------------------------------------------------------
+
+
+def sample(exposition: str, name: str, **labels: str) -> float:
+    """One sample's value from a text exposition (0 when absent)."""
+    wanted = name + ("{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+                     if labels else "")
+    for line in exposition.splitlines():
+        series, _, value = line.rpartition(" ")
+        if series == wanted:
+            return float(value)
+    return 0.0
+
+
+def test_any_workers_metrics_count_every_workers_requests(workers: ServerProcess) -> None:
+    """A scrape reaches one worker; it must answer for all of them."""
+    clients = clients_on_every_worker(workers)
+    key, holder = unique_name("metrics"), new_token()
+    try:
+        for number, client in clients.items():
+            for _ in range(number + 2):  # 3 on worker 1, 4 on worker 2
+                assert client.get("/v1/whoami").status_code == 200
+        whoami = {"method": "GET", "route": "/v1/whoami", "status": "200"}
+        for client in clients.values():
+            text = client.get("/metrics").text
+            assert sample(text, "fencepost_http_requests_total", **whoami) == 7, text
+        # A waiter parked on worker 2 shows in worker 1's scrape.
+        assert acquire(clients[1], key, holder).status_code == 201
+        parked = threading.Thread(
+            target=lambda: acquire(clients[2], key, new_token(), wait_seconds=30), daemon=True)
+        parked.start()
+        poll("the parked waiter in worker 1's metrics",
+             lambda: sample(clients[1].get("/metrics").text, "fencepost_waiters_parked") == 1, 10)
+        assert release(clients[1], key, holder).json() == {"released": True}
+        parked.join(30)
+    finally:
+        for client in clients.values():
+            client.close()
+
+
 # --- SPEC §6 --------------------------------------------------------------------------
 
 

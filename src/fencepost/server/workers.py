@@ -35,18 +35,23 @@ import json
 import logging
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Callable
 
+from prometheus_client.multiprocess import mark_process_dead
+
 from fencepost.clock import SteadyClock
 from fencepost.server.launch import ServeOptions
+from fencepost.server.metrics import MULTIPROCESS_DIR
 from fencepost.store import make_store
 
 _log = logging.getLogger("fencepost.serve")
@@ -128,6 +133,9 @@ class Supervisor:
         self.signals: deque[int] = deque()
         self.stopping = False
         self.deaths: deque[float] = deque()
+        # Each worker's metrics live in files here, so that any worker's
+        # /metrics answers for all (see server/metrics.py).
+        self.metrics_dir = tempfile.mkdtemp(prefix="fencepost-metrics-")
 
     # --- workers -------------------------------------------------------------
     def spawn(self, number: int, port: int) -> None:
@@ -141,6 +149,7 @@ class Supervisor:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "fencepost.server.worker"],
                 stdin=subprocess.PIPE, pass_fds=(write_end,),
+                env={**os.environ, MULTIPROCESS_DIR: self.metrics_dir},
             )
         finally:
             os.close(write_end)
@@ -183,6 +192,11 @@ class Supervisor:
 
     def ended(self) -> list[_Worker]:
         return [w for w in self.workers.values() if w.proc.poll() is not None]
+
+    def forget(self, worker: _Worker) -> None:
+        """A dead worker: its gauges leave the sums; its counts stay."""
+        self.workers.pop(worker.number)
+        mark_process_dead(worker.proc.pid, self.metrics_dir)  # type: ignore[no-untyped-call]
 
     def close_pipes(self) -> None:
         for worker in self.workers.values():
@@ -227,8 +241,6 @@ def supervise(
 ) -> None:
     """Run `count` workers until SIGTERM/SIGINT; exit 0 once all drained, 1
     after one line on stderr when the service cannot start or keeps failing."""
-    supervisor = Supervisor(options, count)
-    supervisor.install_signals()
     try:
         held = hold_port(options.host, options.port)
     except OSError as exc:
@@ -236,6 +248,8 @@ def supervise(
               f"{_one_line(exc.strerror or exc)}", file=sys.stderr)
         raise SystemExit(1) from None
     port = held[0].getsockname()[1]
+    supervisor = Supervisor(options, count)
+    supervisor.install_signals()
     try:
         try:
             asyncio.run(prepare_store(options, supervisor.anchor, on_bootstrap))
@@ -247,6 +261,7 @@ def supervise(
         supervisor.close_pipes()
         for sock in held:
             sock.close()
+        shutil.rmtree(supervisor.metrics_dir, ignore_errors=True)
 
 
 def _run(supervisor: Supervisor, port: int, on_ready: Callable[[int], None]) -> int:
@@ -282,7 +297,7 @@ def _run(supervisor: Supervisor, port: int, on_ready: Callable[[int], None]) -> 
             elif not supervisor.too_many_deaths(time.monotonic()):
                 _log.error("worker %d (pid %d) ended (%s); starting it again",
                            worker.number, worker.proc.pid, _describe_exit(code))
-                supervisor.workers.pop(worker.number)
+                supervisor.forget(worker)
                 supervisor.spawn(worker.number, port)
                 continue
             else:
