@@ -44,7 +44,7 @@ def serve_fencepost_wire(port: int) -> None:
         return Response(b"", status_code=status), ""
 
     async def main() -> None:
-        connections = Connections(None, handle, refuse, TrustedProxies([]))
+        connections = Connections(handle, refuse, TrustedProxies([]))
         server = await asyncio.get_running_loop().create_server(
             connections.protocol, "127.0.0.1", port)
         await server.serve_forever()

@@ -14,7 +14,7 @@ from openapi_spec_validator.validation import OpenAPIV31SpecValidator
 from support import ServerProcess, lock_headers, new_token, unique_name
 
 from fencepost.core.names import NAME_PATTERN
-from fencepost.server.routes import pools
+from fencepost.server import schemas
 
 METHODS = {"get", "put", "post", "patch", "delete"}
 
@@ -86,7 +86,9 @@ def test_names_in_paths_carry_the_naming_rule(doc: dict[str, Any], operation_id:
 def test_slot_ids_carry_the_pattern_the_server_checks(doc: dict[str, Any]) -> None:
     for operation_id in ("renewSlot", "releaseSlot"):
         schema = param(operation(doc, operation_id), "slot_id")["schema"]
-        assert schema["pattern"] == f"^{pools._SLOT_ID.pattern}$"
+        # The app checks path parameters against these very schemas
+        # (server/params.py); tests/http/test_route_table.py sends requests.
+        assert schema["pattern"] == schemas.SLOT_ID_PATTERN
 
 
 @pytest.mark.parametrize("operation_id", ["listLocks", "listPools"])

@@ -14,7 +14,7 @@ from fencepost.server.messages import Request
 
 
 def request_with(headers: dict[str, str]) -> Request:
-    return Request(None, "PUT", "/", "", headers, None, b"", "", asyncio.Event())
+    return Request("PUT", "/", "", headers, None, b"", "", asyncio.Event())
 
 
 def test_canonical_form_is_returned_unchanged() -> None:

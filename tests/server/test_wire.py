@@ -144,7 +144,7 @@ async def start(
     app: App, proxies: TrustedProxies | None = None,
     handle: Callable[[Request], Awaitable[Response]] | None = None,
 ) -> Served:
-    connections = Connections(app, handle or app.handle, app.refuse, proxies or TrustedProxies([]))
+    connections = Connections(handle or app.handle, app.refuse, proxies or TrustedProxies([]))
     server = await asyncio.get_running_loop().create_server(
         connections.protocol, "127.0.0.1", 0)
     return Served(app, connections, server, server.sockets[0].getsockname()[1])
@@ -182,7 +182,7 @@ async def call(app: App, method: str, path: str, headers: dict[str, str] | None 
     connections under test are busy or being shut)."""
     all_headers = {"authorization": f"Bearer {KEY}"}
     all_headers.update({k.lower(): v for k, v in (headers or {}).items()})
-    request = Request(app, method, path, "", all_headers, Address("127.0.0.1", 1), body, "",
+    request = Request(method, path, "", all_headers, Address("127.0.0.1", 1), body, "",
                       asyncio.Event())
     return await app.handle(request)
 
@@ -536,7 +536,7 @@ async def test_body_far_over_the_cap_is_not_called_invalid_http(
     """A body of over a megabyte is well-formed HTTP that is too large: if it is
     answered at all (the connection may give up reading it), the answer is
     413 payload_too_large, not 400 "not valid HTTP/1.1"."""
-    connections = Connections(app, app.handle, app.refuse, TrustedProxies([]))
+    connections = Connections(app.handle, app.refuse, TrustedProxies([]))
     protocol = connections.protocol()
     transport = FakeTransport()
     transport.protocol = protocol
@@ -1101,7 +1101,7 @@ async def test_a_slow_reader_still_gets_every_answer(served: Served) -> None:
 
 
 async def test_connections_over_the_cap_get_503_and_close(app: App) -> None:
-    connections = Connections(app, app.handle, app.refuse, TrustedProxies([]), max_connections=2)
+    connections = Connections(app.handle, app.refuse, TrustedProxies([]), max_connections=2)
     server = await asyncio.get_running_loop().create_server(
         connections.protocol, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]

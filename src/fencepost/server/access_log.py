@@ -1,4 +1,4 @@
-"""The access log: JSON lines for acquire attempts and force releases (SPEC §3, §4).
+"""The access log: JSON lines for acquires and force releases (SPEC §3, §4).
 
 Secrets never reach it: callers pass key IDs, never keys.
 
@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from dataclasses import dataclass
 from typing import IO, Any
 
 import msgspec
 
 from fencepost.clock import wall_clock_ms
 from fencepost.core.timefmt import format_at
+from fencepost.errors import FencepostError, LockHeld, QueueTimeout, ShuttingDown, TooManyRequests
+from fencepost.events import AcquireAttempt, Events
+from fencepost.server.waiting import ClientGone
 
 _encoder = msgspec.json.Encoder()
 
@@ -52,3 +56,67 @@ class AccessLog:
         self.flush()
         if self._owned:
             self._stream.close()
+
+
+REFUSALS = (LockHeld, TooManyRequests, QueueTimeout)
+
+
+@dataclass(frozen=True, slots=True)
+class AcquireLogged:
+    """A route whose every request writes one access-log line however it ends
+    (SPEC §3.1, §4.2): its event, and the field naming the lock or pool with
+    the path parameter it comes from."""
+
+    event: str
+    field: str
+    path_param: str
+
+    @property
+    def kind(self) -> str:
+        return "lock" if self.event.startswith("lock") else "slot"
+
+
+class AcquireLog:
+    """Collects the fields of one acquire and writes its line (and its
+    AcquireAttempt event) once."""
+
+    __slots__ = ("_log", "_events", "_route", "_started", "waited", "fields")
+
+    def __init__(
+        self, log: AccessLog, events: Events, route: AcquireLogged, name: str, request_id: str
+    ) -> None:
+        self._log = log
+        self._events = events
+        self._route = route
+        self._started = asyncio.get_running_loop().time()
+        self.waited = False  # set once the caller asked to wait in line
+        self.fields: dict[str, Any] = {
+            route.field: name[:200],
+            "request_id": request_id,
+            "project": None,
+            "key_id": None,
+        }
+
+    @property
+    def elapsed_ms(self) -> int:
+        return int((asyncio.get_running_loop().time() - self._started) * 1000)
+
+    def write(self, outcome: str, status: int, **extra: Any) -> None:
+        elapsed_s = asyncio.get_running_loop().time() - self._started
+        self._log.write(
+            self._route.event, outcome=outcome, status=status, waited_ms=int(elapsed_s * 1000),
+            **self.fields, **extra,
+        )
+        self._events.emit(AcquireAttempt(self._route.kind, outcome, elapsed_s))
+
+    def failed(self, error: BaseException) -> None:
+        """The line for an acquire that ended in `error`."""
+        if isinstance(error, ClientGone):
+            self.write("disconnected", 499)
+        elif isinstance(error, ShuttingDown):
+            self.write("shutdown", error.http_status)
+        elif isinstance(error, REFUSALS):
+            refused = "held" if isinstance(error, LockHeld) else "rejected"
+            self.write("timeout" if self.waited else refused, error.http_status)
+        elif isinstance(error, FencepostError):
+            self.write("invalid", error.http_status)

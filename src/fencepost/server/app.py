@@ -21,17 +21,19 @@ from fencepost.errors import (
     TooManyConnections,
 )
 from fencepost.events import Events
-from fencepost.server.access_log import AccessLog
+from fencepost.server.access_log import AccessLog, AcquireLog
 from fencepost.server.auth import Authenticator
-from fencepost.server.context import Services
+from fencepost.server.context import Call, Services
 from fencepost.server.event_log import EventLog
 from fencepost.server.http import error_response
 from fencepost.server.messages import Request, Response
 from fencepost.server.metrics import UNMATCHED_ROUTE, Metrics
 from fencepost.server.openapi import build_openapi
+from fencepost.server.params import check_of
 from fencepost.server.request_id import request_id_for
-from fencepost.server.routes.table import ROUTES
-from fencepost.server.waiting import WaitRoom
+from fencepost.server.routes.table import ROUTES, RouteSpec
+from fencepost.server.validation import decode_body
+from fencepost.server.waiting import ClientGone, WaitRoom
 from fencepost.store.base import Store
 
 _log = logging.getLogger(__name__)
@@ -72,13 +74,28 @@ async def _reap_forever(store: Store, metrics: Metrics) -> None:
         await asyncio.sleep(REAP_INTERVAL_S)
 
 
-Handler = Callable[[Request], Any]
 # The method label of requests no route took: clients choose methods freely.
 _OTHER_METHOD = "other"
 
 
+class _Route:
+    """One entry of the table, ready to serve: its checks built once."""
+
+    __slots__ = ("spec", "checks", "body", "body_optional")
+
+    def __init__(self, spec: RouteSpec) -> None:
+        self.spec = spec
+        self.checks = [
+            (param.name.lower() if param.where == "header" else param.name, check)
+            for param in (*spec.path_params, *spec.params)
+            if (check := check_of(param)) is not None
+        ]
+        self.body = spec.body
+        self.body_optional = spec.body_optional
+
+
 class _Path:
-    """One path of the table and its handler per method."""
+    """One path of the table and its route per method."""
 
     def __init__(self, template: str) -> None:
         self.template = template  # the metrics' route label
@@ -87,20 +104,20 @@ class _Path:
         self.regex = re.compile(
             re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[^/]+)", re.escape(template)) + r"\Z"
         )
-        self.handlers: dict[str, Handler] = {}
+        self.routes: dict[str, _Route] = {}
 
     @property
     def allow(self) -> str:
-        return ", ".join(self.handlers)
+        return ", ".join(self.routes)
 
 
 def _paths() -> list[_Path]:
     by_template: dict[str, _Path] = {}
     for spec in ROUTES:
-        by_template.setdefault(spec.path, _Path(spec.path)).handlers[spec.method] = spec.handler
+        by_template.setdefault(spec.path, _Path(spec.path)).routes[spec.method] = _Route(spec)
     for path in by_template.values():
-        if "GET" in path.handlers:
-            path.handlers["HEAD"] = path.handlers["GET"]
+        if "GET" in path.routes:
+            path.routes["HEAD"] = path.routes["GET"]
     return list(by_template.values())
 
 
@@ -125,11 +142,13 @@ class App:
             waiters=waiters,
             access_log=AccessLog(config.access_log),
             events=events,
+            metrics=self.metrics,
+            openapi=build_openapi(),
+            metrics_key=config.metrics_key,
+            worker=config.worker,
         )
-        self.openapi = build_openapi()
         self._paths = _paths()
         self._reaper: asyncio.Task[None] | None = None
-        self.shutting_down = False  # /readyz turns 503 at once on SIGTERM
 
     # --- lifecycle ----------------------------------------------------------
     async def startup(self) -> None:
@@ -142,7 +161,7 @@ class App:
     def stop_being_ready(self) -> None:
         """/readyz (and /healthz) answer 503 from now on; everything else still
         serves (the drain before the listener closes)."""
-        self.shutting_down = True
+        self.services.shutting_down = True
 
     def begin_shutdown(self) -> None:
         """Not ready, and parked waiters are answered (503) so that a stop is prompt."""
@@ -164,13 +183,13 @@ class App:
         request.request_id = request_id_for(request.headers.get("x-request-id"))
         method, route = _OTHER_METHOD, UNMATCHED_ROUTE
         try:
-            path, handler = self._route(request)
+            path, found = self._route(request)
             route = path.template
-            if handler is None:
+            if found is None:
                 # RFC 9110 §15.5.6: a 405 names the methods the route allows.
                 raise MethodNotAllowed(headers={"Allow": path.allow})
             method = request.method
-            response: Response = await handler(request)
+            response = await self._dispatch(found, request)
         except FencepostError as error:
             response = error_response(error)
         except Exception:  # noqa: BLE001 - never a stack trace to the caller
@@ -180,14 +199,49 @@ class App:
                                      time.perf_counter() - started)
         return response
 
-    def _route(self, request: Request) -> tuple[_Path, Handler | None]:
+    def _route(self, request: Request) -> tuple[_Path, _Route | None]:
         for path in self._paths:
             match = path.regex.match(request.path)
             if match is None:
                 continue
             request.path_params = match.groupdict()
-            return path, path.handlers.get(request.method)
+            return path, path.routes.get(request.method)
         raise NotFound("No such route.")
+
+    async def _dispatch(self, route: _Route, request: Request) -> Response:
+        """The checks the table declares for `route`, in its order (key and
+        role, path parameters, headers, body), then its handler."""
+        spec = route.spec
+        services = self.services
+        log = None
+        if spec.logged is not None:
+            log = AcquireLog(
+                services.access_log, services.events, spec.logged,
+                request.path_params.get(spec.logged.path_param, ""), request.request_id,
+            )
+        try:
+            caller = None
+            if spec.role is not None:
+                caller = await services.auth.authenticate(request, spec.role)
+                if log is not None:
+                    log.fields.update(project=caller.project, key_id=caller.key_id)
+            params: dict[str, str] = {}
+            for name, check in route.checks:
+                value = check(request)
+                if value is not None:
+                    params[name] = value
+            body: Any = None
+            if route.body is not None and (not route.body_optional or request.body.strip()):
+                body = decode_body(request.body, route.body)
+            return await spec.handler(Call(request, services, caller, params, body, log))
+        except ClientGone as gone:
+            if log is not None:
+                log.failed(gone)
+            return Response(status_code=499)
+        except FencepostError as error:
+            if log is not None:
+                log.failed(error)
+            raise
 
     def refuse(self, status: int, message: str, headers: dict[str, str]) -> tuple[Response, str]:
         """The answer to a request the connection could not pass on, and its

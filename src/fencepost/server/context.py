@@ -1,61 +1,69 @@
-"""What every route needs, built once per app and reached through `services(request)`."""
+"""What a handler gets: the app's services, and its request as the route table
+checked it (the caller's key, the path names, the declared headers, the body)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Generic, TypeVar
 
-from fencepost.core.names import is_valid_name
-from fencepost.errors import FencepostError
 from fencepost.events import Events
-from fencepost.server.access_log import AccessLog
-from fencepost.server.auth import Authenticator
-from fencepost.server.http import error_response
-from fencepost.server.messages import Request, Response
-from fencepost.server.validation import invalid_field
+from fencepost.server.access_log import AccessLog, AcquireLog
+from fencepost.server.auth import Authenticator, Principal
+from fencepost.server.messages import Request
+from fencepost.server.metrics import Metrics
 from fencepost.server.waiting import WaitRoom
 from fencepost.store.base import Store
+
+B = TypeVar("B")
 
 
 @dataclass(slots=True)
 class Services:
+    """Built once per app and shared by every request."""
+
     store: Store
     auth: Authenticator
     waiters: WaitRoom
     access_log: AccessLog
     events: Events
+    metrics: Metrics
+    openapi: bytes  # the document, encoded once
+    metrics_key: str | None  # when set, GET /metrics needs `Bearer <it>`
+    shutting_down: bool = False  # /readyz turns 503 at once on SIGTERM
+    worker: int | None = None  # this process's number among `serve --workers N`'s
 
 
-def services(request: Request) -> Services:
-    return request.app.services  # type: ignore[no-any-return]
+class Call(Generic[B]):
+    """One request after the checks its route declares: `caller` is the key
+    (routes with a role), `params` the path and header parameters by name
+    (headers in lower case), `body` the decoded body (None when the route takes
+    none, or an optional one was empty), `log` the acquire's access-log line
+    (routes that write one)."""
 
+    __slots__ = ("request", "services", "params", "body", "log", "_caller")
 
-def request_id(request: Request) -> str:
-    return request.request_id
+    def __init__(
+        self, request: Request, services: Services, caller: Principal | None,
+        params: dict[str, str], body: B, log: AcquireLog | None,
+    ) -> None:
+        self.request = request
+        self.services = services
+        self._caller = caller
+        self.params = params
+        self.body = body
+        self.log = log
 
+    @property
+    def caller(self) -> Principal:
+        # Only a route with a role reads it, and the app authenticated those.
+        assert self._caller is not None, "a route without a role has no caller"
+        return self._caller
 
-def path_name(request: Request, param: str) -> str:
-    """A lock key or pool name from the path; breaking the naming rule is a 422."""
-    name = str(request.path_params[param])
-    if not is_valid_name(name):
-        raise invalid_field(
-            param, "must match ^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
-        )
-    return name
+    @property
+    def acquire_log(self) -> AcquireLog:
+        assert self.log is not None, "the route table gives this route no access-log line"
+        return self.log
 
-
-Handler = Callable[[Request], Awaitable[Response]]
-
-
-def endpoint(handler: Handler) -> Handler:
-    """Turn every FencepostError a handler raises into its JSON envelope."""
-
-    async def wrapped(request: Request) -> Response:
-        try:
-            return await handler(request)
-        except FencepostError as error:
-            return error_response(error)
-
-    wrapped.__name__ = handler.__name__
-    wrapped.__doc__ = handler.__doc__
-    return wrapped
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id

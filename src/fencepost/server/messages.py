@@ -4,7 +4,7 @@ connection (server/wire.py), with only what the routes use."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, NamedTuple, overload
+from typing import NamedTuple, overload
 from urllib.parse import parse_qsl
 
 
@@ -49,13 +49,12 @@ class QueryParams:
 
 class Request:
     __slots__ = (
-        "app", "method", "path", "query_string", "headers", "path_params", "client",
-        "body", "request_id", "_gone", "_query",
+        "method", "path", "query_string", "headers", "path_params", "client",
+        "body", "request_id", "gone", "_query",
     )
 
     def __init__(
         self,
-        app: Any,
         method: str,
         path: str,
         query_string: str,
@@ -65,7 +64,6 @@ class Request:
         request_id: str,
         gone: asyncio.Event,
     ) -> None:
-        self.app = app
         self.method = method
         self.path = path
         self.query_string = query_string
@@ -75,7 +73,9 @@ class Request:
         # Whole and at most MAX_BODY_BYTES: the connection refuses larger (413).
         self.body = body
         self.request_id = request_id
-        self._gone = gone
+        # Set by the connection once the client has gone (a parked waiter
+        # watches it to leave the line).
+        self.gone = gone
         self._query: QueryParams | None = None
 
     @property
@@ -83,11 +83,6 @@ class Request:
         if self._query is None:
             self._query = QueryParams(self.query_string)
         return self._query
-
-    async def receive(self) -> dict[str, Any]:
-        """ASGI-style: returns `http.disconnect` once the client has gone."""
-        await self._gone.wait()
-        return {"type": "http.disconnect"}
 
 
 class Response:

@@ -25,8 +25,9 @@ from fencepost.errors import (
     ValidationError,
 )
 from fencepost.server import schemas
+from fencepost.server.params import Param
 from fencepost.server.routes import ui
-from fencepost.server.routes.table import ROUTES, Param, RouteSpec
+from fencepost.server.routes.table import ROUTES, RouteSpec
 
 _REF = "#/components/schemas/{name}"
 _JSON = "application/json"

@@ -106,7 +106,7 @@ async def _serve(
     stop_fd: int | None = None,
 ) -> bool:
     loop = asyncio.get_running_loop()
-    connections = Connections(app, app.handle, app.refuse, proxies, max_connections)
+    connections = Connections(app.handle, app.refuse, proxies, max_connections)
     # The address first: a busy port must fail before the store is opened (and,
     # on an empty store, before a bootstrap key is made). Connections are
     # accepted only once the store is open.

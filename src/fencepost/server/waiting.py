@@ -1,18 +1,21 @@
-"""Parked requests: callers waiting in line for a lock (SPEC §3.1) or a pool slot (§4.2).
+"""Waiting in line for a lock (SPEC §3.1) or a pool slot (§4.2).
 
 The line itself lives in the store (tickets in arrival order), so it is fair
-across replicas; this module only parks the local request and wakes it when the
+across replicas; this module parks the local request and wakes it when the
 store reports that something may be free. A waiter wakes on that event, or at
 least every RECHECK_S as a safety net for a lost wake-up.
+
+Locks and pools differ only in how they talk to the store, which each states as
+a `Line`: try, retry with a ticket, leave, hand a grant back, and the error of
+a wait that ran out. `wait_for_grant` does the rest for both.
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Awaitable, Callable, Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from fencepost.errors import FencepostError, ShuttingDown
 from fencepost.store.base import Freed
@@ -25,7 +28,7 @@ RECHECK_S = 1.0
 WAITER_ALIVE_MS = 5000
 
 T = TypeVar("T")
-Line = tuple[str, str, str]  # (kind, project, name)
+Place = tuple[str, str, str]  # (kind, project, name): which line, as the store's Freed names it
 
 
 class ClientGone(Exception):
@@ -33,13 +36,36 @@ class ClientGone(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class Attempt(Generic[T]):
-    """One try at getting in: granted, or refused and (maybe) holding a place in line."""
+class Outcome(Generic[T]):
+    """What one try at getting in gave: a grant, or a refusal and (maybe) a
+    place in line."""
 
     granted: T | None
     ticket: int | None = None
     refusal: FencepostError | None = None  # what to answer if the wait ends now
     recheck_s: float | None = None  # when the refusal is known to end, if it is
+
+
+class Line(Protocol[T]):
+    """One line in the store, as a waiter needs it."""
+
+    @property
+    def place(self) -> Place: ...
+
+    async def try_once(self, wait: bool) -> Outcome[T]:
+        """The first try; with `wait`, a refusal joins the line (a ticket)."""
+
+    async def retry(self, ticket: int) -> Outcome[T]:
+        """Try again holding `ticket` (which keeps the place alive)."""
+
+    async def leave(self, ticket: int) -> None:
+        """Give the place up."""
+
+    async def hand_back(self, granted: T) -> None:
+        """Undo a grant whose caller has gone."""
+
+    def timed_out(self, last: Outcome[T]) -> FencepostError:
+        """The answer to a wait that ran out, from its last refusal."""
 
 
 @dataclass(order=True, slots=True)
@@ -56,7 +82,7 @@ class WaitRoom:
     leaving a free slot idle until the periodic re-check."""
 
     def __init__(self) -> None:
-        self._lines: dict[Line, list[_Parked]] = {}
+        self._lines: dict[Place, list[_Parked]] = {}
         self.closing = asyncio.Event()
 
     def on_freed(self, event: Freed) -> None:
@@ -76,119 +102,100 @@ class WaitRoom:
         """How many requests wait in this process now (the metrics)."""
         return sum(len(line) for line in self._lines.values())
 
-    def park(self, line: Line, ticket: int) -> _Parked:
+    def park(self, place: Place, ticket: int) -> _Parked:
         parked = _Parked(ticket)
-        bisect.insort(self._lines.setdefault(line, []), parked)
+        bisect.insort(self._lines.setdefault(place, []), parked)
         return parked
 
-    def unpark(self, line: Line, parked: _Parked) -> None:
-        waiting = self._lines.get(line)
+    def unpark(self, place: Place, parked: _Parked) -> None:
+        waiting = self._lines.get(place)
         if waiting is None:
             return
         if parked in waiting:
             waiting.remove(parked)
         if not waiting:
-            del self._lines[line]
+            del self._lines[place]
 
     def shut(self) -> None:
         """Answer every parked request now (the server is stopping)."""
         self.closing.set()
 
 
-async def _wait_any(
-    parked: _Parked, disconnected: asyncio.Event, closing: asyncio.Event, timeout: float
-) -> None:
-    waits = [asyncio.ensure_future(e.wait()) for e in (parked.wake, disconnected, closing)]
-    try:
-        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for w in waits:
-            w.cancel()
+async def wait_for_grant(room: WaitRoom, line: Line[T], wait_s: float, gone: asyncio.Event) -> T:
+    """A grant from `line`, waiting up to `wait_s` for one (0: try once).
 
-
-async def wait_in_line(
-    room: WaitRoom,
-    line: Line,
-    first: Attempt[T],
-    retry: Callable[[int], Awaitable[Attempt[T]]],
-    leave: Callable[[int], Awaitable[None]],
-    wait_s: float,
-    disconnected: asyncio.Event,
-    on_timeout: Callable[[Attempt[T]], FencepostError],
-) -> T:
-    """Wait up to `wait_s` for a grant, starting from the caller's `first` attempt.
-
-    Raises `on_timeout(last attempt)` when the wait runs out, ClientGone when
-    the caller left, ShuttingDown when the server stops. Whatever ends the wait
-    other than a grant, the caller's place in line is given up.
+    Raises the refusal when there is no place in line (fail-fast, or the line
+    is full), `line.timed_out(last)` when the wait runs out, ClientGone when
+    `gone` (the caller's connection closed) is set, ShuttingDown when the
+    server stops. A grant that arrives after the caller left is handed straight
+    back: never leave a lease or a slot with someone who is gone.
     """
+    first = await line.try_once(wait_s > 0)
     if first.granted is not None:
         return first.granted
     if first.ticket is None:
         assert first.refusal is not None
         raise first.refusal
+    granted = await _wait(room, line, first.ticket, wait_s, gone)
+    await asyncio.sleep(0)  # let a connection loss already queued be seen
+    if gone.is_set():
+        await line.hand_back(granted)
+        raise ClientGone()
+    return granted
+
+
+async def _wait(
+    room: WaitRoom, line: Line[T], ticket: int, wait_s: float, gone: asyncio.Event
+) -> T:
+    """Wait in line holding `ticket`. Whatever ends the wait other than a
+    grant, the place in line is given up."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
-    ticket = first.ticket
-    parked = room.park(line, ticket)
+    place = line.place
+    parked = room.park(place, ticket)
     granted = False
     try:
         while True:
-            if disconnected.is_set():
+            if gone.is_set():
                 raise ClientGone()
             # Clear before retrying, never after: a wake-up that arrives while
             # the retry is in flight must survive to end the wait below.
             parked.wake.clear()
             # Retry at once after parking too: a wake-up between joining the line
             # and parking would otherwise be missed.
-            attempt = await retry(ticket)
-            if attempt.granted is not None:
+            outcome = await line.retry(ticket)
+            if outcome.granted is not None:
                 granted = True
-                return attempt.granted
-            if attempt.ticket is None:  # the store took us out of line
-                assert attempt.refusal is not None
-                raise attempt.refusal
-            if attempt.ticket != ticket:  # rejoined at the back after being dropped
-                room.unpark(line, parked)
-                ticket = attempt.ticket
-                parked = room.park(line, ticket)
+                return outcome.granted
+            if outcome.ticket is None:  # the store took us out of line
+                assert outcome.refusal is not None
+                raise outcome.refusal
+            if outcome.ticket != ticket:  # rejoined at the back after being dropped
+                room.unpark(place, parked)
+                ticket = outcome.ticket
+                parked = room.park(place, ticket)
             remaining = deadline - loop.time()
             if remaining <= 0:
-                raise on_timeout(attempt)
-            pause = min(remaining, RECHECK_S, attempt.recheck_s or RECHECK_S)
-            await _wait_any(parked, disconnected, room.closing, max(pause, 0.005))
-            if disconnected.is_set():
+                raise line.timed_out(outcome)
+            pause = min(remaining, RECHECK_S, outcome.recheck_s or RECHECK_S)
+            await _wait_any((parked.wake, gone, room.closing), max(pause, 0.005))
+            if gone.is_set():
                 raise ClientGone()
             if room.closing.is_set():
                 raise ShuttingDown()
     finally:
-        room.unpark(line, parked)
+        room.unpark(place, parked)
         if not granted:
             try:
-                await leave(ticket)
+                await line.leave(ticket)
             except FencepostError:
                 pass  # the reaper drops the place once it stops being refreshed
 
 
-async def watch_disconnect(
-    receive: Callable[[], Awaitable[dict[str, object]]], flag: asyncio.Event
-) -> None:
-    """Set `flag` when the client closes the connection (the body was already read)."""
-    while True:
-        message = await receive()
-        if message.get("type") == "http.disconnect":
-            flag.set()
-            return
-
-
-@contextlib.asynccontextmanager
-async def watching_disconnect(
-    receive: Callable[[], Awaitable[dict[str, object]]],
-) -> AsyncIterator[asyncio.Event]:
-    """An event set when the client goes away, for the duration of the block."""
-    flag = asyncio.Event()
-    watcher = asyncio.ensure_future(watch_disconnect(receive, flag))
+async def _wait_any(events: tuple[asyncio.Event, ...], timeout: float) -> None:
+    waits = [asyncio.ensure_future(event.wait()) for event in events]
     try:
-        yield flag
+        await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        watcher.cancel()
+        for w in waits:
+            w.cancel()

@@ -25,7 +25,7 @@ import http
 import logging
 import time
 import urllib.parse
-from typing import Any, Awaitable, Callable, cast
+from typing import Awaitable, Callable, cast
 
 import httptools
 
@@ -101,10 +101,9 @@ class Connections:
     shutdown can close idle ones and wait for busy ones."""
 
     def __init__(
-        self, app: Any, handle: Handle, refuse: Refusal, proxies: TrustedProxies,
+        self, handle: Handle, refuse: Refusal, proxies: TrustedProxies,
         max_connections: int | None = None,
     ) -> None:
-        self.app = app
         self.handle = handle
         self.refuse = refuse
         self.proxies = proxies
@@ -217,7 +216,7 @@ class HttpConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._shared.open.discard(self)
-        self._gone.set()  # parked waiters see that their caller left
+        self._gone.set()  # parked waiters see that their caller left (Request.gone)
         self._cancel_idle()
         for timer in (self._linger, self._read_deadline, self._stall_timer):
             if timer is not None:
@@ -437,7 +436,7 @@ class HttpConnection(asyncio.Protocol):
             host = self._shared.proxies.client(client.host, pending.headers.get("x-forwarded-for"))
             if host != client.host:
                 client = Address(host, 0)
-        return Request(self._shared.app, pending.method, path, query, pending.headers, client,
+        return Request(pending.method, path, query, pending.headers, client,
                        pending.body, "", self._gone)
 
     def _respond(self, response: Response, pending: _Pending, request_id: str, head: bool) -> None:

@@ -1,11 +1,37 @@
 """Group commit: one writer thread per store, many operations per transaction.
 
-Requests submit small functions; the writer thread runs every function that is
-waiting in one transaction and answers them all only after the commit. If one
-operation fails, the batch is replayed with a savepoint around each operation,
-so one failure does not undo the others. One commit (and one fsync) then
-serves a whole batch, which is what keeps a durable store fast under load (the
-idea behind PostgreSQL's and etcd's group commit).
+Requests submit operations; the writer thread runs every operation that is
+waiting in one transaction and answers them all only after the commit. One
+commit (and one fsync) then serves a whole batch, which is what keeps a durable
+store fast under load (the idea behind PostgreSQL's and etcd's group commit).
+
+Operations come in two kinds:
+
+- a plain operation, `fn(tx) -> result`, submitted with `BatchWriter.run`;
+- a step operation, `fn(tx) -> Step`, submitted with `BatchWriter.run_steps`.
+  Calling `fn` sends the statement of the common case (and reads nothing);
+  `Step.answer` then reads its answer and returns the result, or `UNDECIDED`
+  when the common case did not apply; `Step.otherwise` then runs the general
+  case. A first statement changes nothing unless it is the whole operation (a
+  guarded write that takes effect, or matches nothing).
+
+A batch runs in one of three ways (`BatchWriter._run_in_transaction`):
+
+- in turn (SQLite, whose statements are in-process calls): each operation runs
+  whole, in batch order;
+- in steps (PostgreSQL): every step operation sends its first statement in one
+  pipeline (one round trip for the batch, not one each); then each reads its
+  answer, in batch order; then the undecided ones run their general case, in
+  batch order. Plain operations run whole in their turn, outside the pipeline.
+  The batch equals a serial run: the operations decided by their first
+  statement, then the others;
+- isolated: when an operation raised in either of the above, the batch is
+  rolled back and replayed in turn with a savepoint around each operation, so
+  that one refusal undoes only its own writes.
+
+What the operations of one batch share (the fencing counter, gathered records)
+is a `PerBatch` state of the module that owns it; its `finish` writes what was
+gathered, after the last operation and before the commit.
 
 The database specifics live in an Engine: how to connect, how a batch
 transaction begins (SQLite: BEGIN IMMEDIATE; PostgreSQL: BEGIN plus one
@@ -17,13 +43,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from types import GeneratorType
-from typing import Any, Callable, ContextManager, Generator, Generic, Protocol, TypeVar, cast
+from typing import Any, Callable, ContextManager, Generic, Protocol, TypeVar, cast
 
 from fencepost.errors import StoreUnavailable
 from fencepost.events import current_origin
@@ -31,6 +57,7 @@ from fencepost.events import current_origin
 _log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+S = TypeVar("S")
 MAX_BATCH = 512
 
 
@@ -49,8 +76,8 @@ class Engine(Protocol):
     # The driver's errors; those `fatal` says so fail the whole batch (503),
     # others (a constraint, a bad statement) fail only their operation.
     errors: tuple[type[BaseException], ...]
-    # Whether a batch's operations are stepped together, their first
-    # statements sent in one `pipeline` (see BatchWriter._in_steps).
+    # Whether a batch runs in steps, the first statements of its step
+    # operations sent in one `pipeline` (see the module docstring).
     pipelines: bool
 
     def fatal(self, exc: BaseException) -> bool: ...
@@ -75,19 +102,69 @@ class Engine(Protocol):
         an answer is waited for when it is read, and all of them at the end."""
 
 
+class Undecided(enum.Enum):
+    """What `Step.answer` returns when the first statement did not decide."""
+
+    UNDECIDED = "undecided"
+
+
+UNDECIDED = Undecided.UNDECIDED
+
+
+@dataclass(slots=True)
+class Step(Generic[T]):
+    """A step operation after its first statement was sent (see the module
+    docstring): `answer` reads that statement's answer and returns the result,
+    or UNDECIDED (having undone anything in memory the first statement took);
+    `otherwise` then runs the general case."""
+
+    answer: Callable[[], T | Undecided]
+    otherwise: Callable[[], T]
+
+    def to_the_end(self) -> T:
+        """The result, the general case run at once if it is needed."""
+        result = self.answer()
+        if result is UNDECIDED:
+            return self.otherwise()
+        return result
+
+
+class PerBatch(Generic[S]):
+    """A kind of state the operations of one batch share, owned by the module
+    that declares it (one module-level instance per kind): `start` puts it in
+    the batch, `of` reads it back (None until started), and `finish` writes
+    what the batch gathered, once, after the last operation and before the
+    commit.
+
+    A finish's writes fall outside the operations' savepoints, so while the
+    batch is `isolated` (replay, one savepoint per operation) nothing an
+    operation may later have to undo can be left for a finish."""
+
+    __slots__ = ("name", "finish")
+
+    def __init__(self, name: str, finish: Callable[[Tx, S], None]) -> None:
+        self.name = name  # for reading a traceback
+        self.finish = finish
+
+    def of(self, tx: Tx) -> S | None:
+        return cast("S | None", tx.batch.states.get(self))
+
+    def start(self, tx: Tx, state: S) -> S:
+        tx.batch.states[self] = state
+        return state
+
+
 @dataclass(slots=True)
 class Batch:
-    """What the operations of one batch attempt share: values read once per
-    batch, and `finishers` (by name, each registered once) that write what the
-    operations gathered, after the last operation and before the commit.
-
-    A finisher's writes fall outside the operations' savepoints, so under
-    `isolated` (replay, one savepoint per operation) nothing an operation may
-    later have to undo can be left for a finisher."""
+    """One run of a batch's operations in a transaction: whether each
+    operation has its own savepoint, and the PerBatch states they started."""
 
     isolated: bool = True
-    shared: dict[str, Any] = field(default_factory=dict)
-    finishers: dict[str, Callable[[Tx], None]] = field(default_factory=dict)
+    states: dict[PerBatch[Any], Any] = field(default_factory=dict)
+
+    def finish(self, tx: Tx) -> None:
+        for kind, state in self.states.items():
+            kind.finish(tx, state)
 
 
 @dataclass(slots=True)
@@ -109,13 +186,19 @@ class Tx:
 
 @dataclass(slots=True)
 class _Job(Generic[T]):
-    fn: Callable[[Tx], Any]
+    fn: Callable[[Tx], Any]  # a plain operation, or a step operation if `steps`
     future: asyncio.Future[T]
     loop: asyncio.AbstractEventLoop
-    steps: bool = False  # fn returns a step operation (see _in_steps)
+    steps: bool = False
     origin: Any = None  # the submitting request's (see Tx.origin)
 
+    def run_whole(self, tx: Tx) -> Any:
+        produced = self.fn(tx)
+        return produced.to_the_end() if self.steps else produced
 
+
+# A job, its result (or None) and its error (or None).
+_Outcome = tuple[_Job[Any], Any, BaseException | None]
 _STOP = object()
 # After a failed connection attempt, batches fail at once for this long instead
 # of each waiting for a connect timeout: callers get a fast 503.
@@ -158,12 +241,11 @@ class BatchWriter:
             self._thread = None
 
     async def run(self, fn: Callable[[Tx], T]) -> T:
-        """The result of `fn`, once its batch has committed."""
+        """The result of the plain operation `fn`, once its batch has committed."""
         return cast(T, await self._submit(fn, steps=False))
 
-    async def run_steps(self, fn: Callable[[Tx], Generator[None, None, T]]) -> T:
-        """The result of the step operation `fn` returns (see `_in_steps`),
-        once its batch has committed."""
+    async def run_steps(self, fn: Callable[[Tx], Step[T]]) -> T:
+        """The result of the step operation `fn`, once its batch has committed."""
         return cast(T, await self._submit(fn, steps=True))
 
     async def _submit(self, fn: Callable[[Tx], Any], steps: bool) -> Any:
@@ -223,12 +305,11 @@ class BatchWriter:
             conn = self._connection()
             # Optimistic first: no savepoints (two statements fewer per
             # operation). Should any operation raise, the batch is rolled back
-            # and replayed with a savepoint around each, so that one refusal
-            # undoes only its own writes.
-            done = self._attempt(conn, batch, isolate=False)
+            # and replayed isolated.
+            done = self._run_in_transaction(conn, batch, isolated=False)
             if done is None:
                 self._engine.execute(conn, "ROLLBACK", ())
-                done = self._attempt(conn, batch, isolate=True)
+                done = self._run_in_transaction(conn, batch, isolated=True)
             assert done is not None
             outcomes, events = done
             self._engine.commit(conn, events if self._exclusive else [])
@@ -249,79 +330,58 @@ class BatchWriter:
             self.observer(len(batch), time.perf_counter() - started, failed)
         self._deliver(outcomes, events)
 
-    def _attempt(
-        self, conn: Any, batch: list[_Job[Any]], isolate: bool
-    ) -> tuple[list[tuple[_Job[Any], Any, BaseException | None]], list[Any]] | None:
-        """Run the batch's operations in one open transaction. Without `isolate`,
-        give up (None) at the first operation that raises."""
-        outcomes: list[tuple[_Job[Any], Any, BaseException | None]] = []
-        events: list[Any] = []
+    def _run_in_transaction(
+        self, conn: Any, batch: list[_Job[Any]], isolated: bool
+    ) -> tuple[list[_Outcome], list[Any]] | None:
+        """Begin the batch transaction and run the batch's operations in it, up
+        to (not including) the commit. Unless `isolated`, give up (None, the
+        transaction to be rolled back) at the first operation that raises."""
         clock = self._engine.begin(conn, self._exclusive)
-        shared = Batch(isolated=isolate)
-        if not isolate:
+        shared = Batch(isolated=isolated)
+        if isolated:
+            outcomes, events = self._isolated(conn, batch, clock, shared)
+        else:
             try:
                 if self._engine.pipelines:
                     done = self._in_steps(conn, batch, clock, shared)
                 else:
-                    done = self._one_by_one(batch, conn, clock, shared)
-            except Exception as exc:  # noqa: BLE001 - replayed one by one, isolated
+                    done = self._in_turn(conn, batch, clock, shared)
+            except Exception as exc:  # noqa: BLE001 - replayed isolated
                 if isinstance(exc, self._engine.errors) and self._engine.fatal(exc):
                     raise  # the connection or transaction failed: the whole batch fails
                 return None
+            outcomes = []
+            events = []
             for job, result, tx in done:
                 outcomes.append((job, result, None))
                 events.extend(tx.events)
-        for job in batch if isolate else ():
-            tx = Tx(self._engine, conn, clock(), [], shared, job.origin)
-            self._engine.execute(conn, "SAVEPOINT op", ())
-            try:
-                result = _to_the_end(job.fn(tx))
-            except Exception as exc:  # noqa: BLE001 - delivered to the caller
-                if isinstance(exc, self._engine.errors) and self._engine.fatal(exc):
-                    raise
-                self._engine.execute(conn, "ROLLBACK TO SAVEPOINT op", ())
-                self._engine.execute(conn, "RELEASE SAVEPOINT op", ())
-                outcomes.append((job, None, exc))
-            else:
-                self._engine.execute(conn, "RELEASE SAVEPOINT op", ())
-                outcomes.append((job, result, None))
-                events.extend(tx.events)
         try:
-            for finish in shared.finishers.values():
-                finish(Tx(self._engine, conn, clock(), [], shared))
+            shared.finish(Tx(self._engine, conn, clock(), [], shared))
         except self._engine.errors as exc:
-            if isolate or self._engine.fatal(exc):
+            if isolated or self._engine.fatal(exc):
                 raise
             return None  # the replay writes as it goes, in each operation's savepoint
         return outcomes, events
 
-    def _one_by_one(
-        self, batch: list[_Job[Any]], conn: Any, clock: Callable[[], int], shared: Batch
+    def _in_turn(
+        self, conn: Any, batch: list[_Job[Any]], clock: Callable[[], int], shared: Batch
     ) -> list[tuple[_Job[Any], Any, Tx]]:
-        """Run each operation whole, in batch order."""
+        """Run each operation whole, in batch order; raise what any raises."""
         done = []
         for job in batch:
             tx = Tx(self._engine, conn, clock(), [], shared, job.origin)
-            done.append((job, _to_the_end(job.fn(tx)), tx))
+            done.append((job, job.run_whole(tx), tx))
         return done
 
     def _in_steps(
         self, conn: Any, batch: list[_Job[Any]], clock: Callable[[], int], shared: Batch
     ) -> list[tuple[_Job[Any], Any, Tx]]:
-        """Run the batch's operations, stepping generator operations together.
-
-        An operation may be a generator: it sends the statement of its common
-        case and yields; once every operation has sent its first statement
-        (pipelined: one round trip for all, not one each), each is resumed in
-        batch order to read its answer, and either returns or yields again
-        when it needs more statements; those operations then finish one at a
-        time, in batch order. A first step changes nothing unless it is the
-        whole operation (a guarded write that takes effect, or matches
-        nothing), so the batch equals a serial run: the operations finished
-        by their first step, then the others. Plain functions run whole, in
-        their turn, outside the pipeline (each of their statements waits for
-        its answer anyway). Raises what any operation raises."""
-        steps: list[tuple[_Job[Any], Tx, Any]] = []  # (job, tx, generator or result)
+        """Send every step operation's first statement in a pipeline (plain
+        operations run whole in their turn, outside it), then read each answer
+        in batch order, then run each undecided one's general case in batch
+        order; raise what any operation raises."""
+        # (job, tx, its Step while undecided, else its result)
+        runs: list[tuple[_Job[Any], Tx, Any]] = []
         with contextlib.ExitStack() as pipeline:
             piped = False
             for job in batch:
@@ -332,28 +392,44 @@ class BatchWriter:
                     else:
                         pipeline.close()
                     piped = job.steps
-                produced = job.fn(tx)
-                if job.steps:
-                    try:
-                        next(produced)
-                    except StopIteration as stop:
-                        produced = _Finished(stop.value)
+                runs.append((job, tx, job.fn(tx)))
+        undecided: list[int] = []
+        for index, (job, tx, produced) in enumerate(runs):
+            if job.steps:
+                result = produced.answer()
+                if result is UNDECIDED:
+                    undecided.append(index)
                 else:
-                    produced = _Finished(produced)
-                steps.append((job, tx, produced))
-        more: list[int] = []
-        for index, (job, tx, produced) in enumerate(steps):
-            if isinstance(produced, _Finished):
-                continue
+                    runs[index] = (job, tx, result)
+        for index in undecided:
+            job, tx, step = runs[index]
+            runs[index] = (job, tx, step.otherwise())
+        return [(job, result, tx) for job, tx, result in runs]
+
+    def _isolated(
+        self, conn: Any, batch: list[_Job[Any]], clock: Callable[[], int], shared: Batch
+    ) -> tuple[list[_Outcome], list[Any]]:
+        """Run each operation whole, in batch order, in a savepoint of its own:
+        one that raises has its writes undone and its error delivered, and
+        the others go on."""
+        outcomes: list[_Outcome] = []
+        events: list[Any] = []
+        for job in batch:
+            tx = Tx(self._engine, conn, clock(), [], shared, job.origin)
+            self._engine.execute(conn, "SAVEPOINT op", ())
             try:
-                next(produced)
-                more.append(index)  # it needs more statements
-            except StopIteration as stop:
-                steps[index] = (job, tx, _Finished(stop.value))
-        for index in more:
-            job, tx, produced = steps[index]
-            steps[index] = (job, tx, _Finished(_to_the_end(produced)))
-        return [(job, produced.value, tx) for job, tx, produced in steps]
+                result = job.run_whole(tx)
+            except Exception as exc:  # noqa: BLE001 - delivered to the caller
+                if isinstance(exc, self._engine.errors) and self._engine.fatal(exc):
+                    raise
+                self._engine.execute(conn, "ROLLBACK TO SAVEPOINT op", ())
+                self._engine.execute(conn, "RELEASE SAVEPOINT op", ())
+                outcomes.append((job, None, exc))
+            else:
+                self._engine.execute(conn, "RELEASE SAVEPOINT op", ())
+                outcomes.append((job, result, None))
+                events.extend(tx.events)
+        return outcomes, events
 
     def _abandon(self) -> None:
         conn = self._conn
@@ -366,10 +442,8 @@ class BatchWriter:
         if self._engine.broken(conn):
             self._close()
 
-    def _deliver(
-        self, outcomes: list[tuple[_Job[Any], Any, BaseException | None]], events: list[Any]
-    ) -> None:
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Job[Any], Any, Any]]] = {}
+    def _deliver(self, outcomes: list[_Outcome], events: list[Any]) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list[_Outcome]] = {}
         for outcome in outcomes:
             by_loop.setdefault(outcome[0].loop, []).append(outcome)
         for loop, done in by_loop.items():
@@ -380,25 +454,8 @@ class BatchWriter:
             events = []  # publish each event once, on the first loop
 
 
-@dataclass(slots=True)
-class _Finished:
-    value: Any
-
-
-def _to_the_end(produced: Any) -> Any:
-    """The result of an operation: a plain function's, or a generator run to
-    its return."""
-    if not isinstance(produced, GeneratorType):
-        return produced
-    try:
-        while True:
-            next(produced)
-    except StopIteration as stop:
-        return stop.value
-
-
 def _settle(
-    done: list[tuple[_Job[Any], Any, BaseException | None]],
+    done: list[_Outcome],
     events: list[Any],
     publish: Callable[[list[Any]], None],
 ) -> None:

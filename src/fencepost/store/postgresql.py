@@ -148,7 +148,8 @@ class PostgresEngine:
         cur.nextset()  # past BEGIN's result to the clock's
         row = cur.fetchone()
         assert row is not None
-        db_ms, started = int(row[0]), steady_ns()
+        (clock,) = row
+        db_ms, started = int(clock), steady_ns()
         self.seen = (db_ms, started)
         if self.clock_ms is not None:  # a test drives time
             return self.clock_ms

@@ -34,7 +34,7 @@ from fencepost.store.base import (
 )
 from fencepost.store.batch import BatchWriter, Engine, Tx
 from fencepost.store.health import WriteHealth, probe_writes
-from fencepost.store.sql import census, fencing, keys, locks, pools, slot_holders
+from fencepost.store.sql import census, ended, fencing, keys, locks, pools, slot_holders
 from fencepost.store.sql.known_leases import KnownLeases
 from fencepost.store.sql.replicas import Liveness, Place
 
@@ -46,6 +46,14 @@ WRITE_PROBE_EVERY_MS = 1_000
 # Why a lease ended is kept this long, so a late renewal learns the reason.
 ENDED_LEASE_MEMORY_MS = 24 * 3_600_000
 _PRUNE_EVERY_MS = 60_000
+# The most leases (and, separately, slots, waiters, lock delays and ended-lease
+# records) one reaper pass ends. A pass is one batch on the writer, and every
+# request queued behind it waits for it: bounded, a mass expiry (100,000 leases
+# at once) becomes many short batches with other requests' batches between
+# them, instead of one that stalls every request for seconds. Ending a
+# thousand leases takes a few tens of milliseconds, so a normal load still
+# ends in one pass, well within SPEC §7.4's second.
+REAP_BOUND = 1_000
 
 
 DEFAULT_READERS = 2
@@ -74,7 +82,11 @@ class SqlStore:
         self._pepper = b""
         self._known = KnownLeases()  # the writer thread's alone
         self._last_prune_ms = 0
+        # While set, pruning the memory of ended leases older than this goes on
+        # pass after pass until it is done.
+        self._forget_before_ms: int | None = None
         self._last_probe_ms = 0
+        self.reap_bound = REAP_BOUND
 
     def _read(self, fn: Callable[[Tx], T]) -> Awaitable[T]:
         return next(self._next_reader).run(fn)
@@ -270,14 +282,25 @@ class SqlStore:
 
     # --- background ------------------------------------------------------------
     async def reap(self) -> int:
+        freed = 0
+        while True:
+            ended, more = await self.reap_pass()
+            freed += ended
+            if not more:
+                return freed
+
+    async def reap_pass(self) -> tuple[int, bool]:
+        """One pass of `reap`, in one batch: end at most `reap_bound` leases
+        and as many slots (and of each kind of waiter); return how many leases
+        and slots it ended, and whether a bound was reached (then another pass
+        should follow at once)."""
         probed: int | None = None  # failures counted when the probe was written
 
-        def op(tx: Tx) -> int:
+        def op(tx: Tx) -> tuple[int, bool]:
             nonlocal probed
-            forget_before = None
             if tx.now_ms - self._last_prune_ms >= _PRUNE_EVERY_MS:
                 self._last_prune_ms = tx.now_ms
-                forget_before = tx.now_ms - ENDED_LEASE_MEMORY_MS
+                self._forget_before_ms = tx.now_ms - ENDED_LEASE_MEMORY_MS
             for dead in self._liveness.dead_replicas(tx):
                 # A dead replica's waiters leave every line at once (SPEC §7.4).
                 locks.drop_waiters_of(tx, dead)
@@ -286,9 +309,16 @@ class SqlStore:
                 self._last_probe_ms = tx.now_ms
                 probe_writes(tx)
                 probed = self.health.failures
-            return locks.reap(tx, self._known, forget_before) + pools.reap(tx)
+            leases, more_locks = locks.reap(tx, self._known, self.reap_bound)
+            slots, more_slots = pools.reap(tx, self.reap_bound)
+            more_memory = False
+            if self._forget_before_ms is not None:
+                more_memory = ended.forget(tx, self._forget_before_ms, self.reap_bound)
+                if not more_memory:
+                    self._forget_before_ms = None
+            return leases + slots, more_locks or more_slots or more_memory
 
-        reaped = await self._writer.run(op)
+        reaped, more = await self._writer.run(op)
         if probed is not None:  # it committed: writes work (again)
             self.health.succeeded(probed)
-        return reaped
+        return reaped, more

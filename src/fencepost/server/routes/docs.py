@@ -7,7 +7,8 @@ import functools
 import json
 
 from fencepost.server.apidoc import render_html
-from fencepost.server.messages import Request, Response
+from fencepost.server.context import Call
+from fencepost.server.messages import Response
 
 
 @functools.lru_cache(maxsize=2)
@@ -16,5 +17,5 @@ def _page(document: bytes) -> bytes:
     return render_html(json.loads(document)).encode()
 
 
-async def api_docs(request: Request) -> Response:
-    return Response(_page(request.app.openapi), media_type="text/html; charset=utf-8")
+async def api_docs(call: Call[None]) -> Response:
+    return Response(_page(call.services.openapi), media_type="text/html; charset=utf-8")

@@ -6,10 +6,10 @@ from fencepost.core.keys import Role, parse_networks
 from fencepost.core.timefmt import format_at
 from fencepost.errors import NotFound
 from fencepost.server import schemas
-from fencepost.server.context import endpoint, request_id, services
+from fencepost.server.context import Call
 from fencepost.server.http import json_response
-from fencepost.server.messages import Request, Response
-from fencepost.server.validation import decode_body, invalid_field
+from fencepost.server.messages import Response
+from fencepost.server.validation import invalid_field
 from fencepost.store.base import KeyRecord, NewKey
 
 
@@ -27,11 +27,8 @@ def key_info(record: KeyRecord) -> schemas.KeyInfo:
     )
 
 
-@endpoint
-async def create_key(request: Request) -> Response:
-    svc = services(request)
-    principal = await svc.auth.authenticate(request, Role.ADMIN)
-    body = decode_body(request.body, schemas.CreateKeyBody)
+async def create_key(call: Call[schemas.CreateKeyBody]) -> Response:
+    body = call.body
     allow_ips = body.allow_ips or []
     try:
         networks = parse_networks(allow_ips)
@@ -44,7 +41,7 @@ async def create_key(request: Request) -> Response:
         allow_ips=[str(net) for net in networks],
         rpm_quota=body.rpm_quota,
     )
-    record, secret = await svc.store.create_key(principal.project, new)
+    record, secret = await call.services.store.create_key(call.caller.project, new)
     return _created(record, secret)
 
 
@@ -60,52 +57,41 @@ def _created(record: KeyRecord, secret: str) -> Response:
     )
 
 
-@endpoint
-async def refresh_key(request: Request) -> Response:
+async def refresh_key(call: Call[schemas.RefreshKeyBody | None]) -> Response:
     """POST /v1/keys/refresh: the caller's own key mints its successor; the
     caller's key keeps working until its own expiry."""
-    svc = services(request)
-    principal = await svc.auth.authenticate(request, Role.READER)
+    svc, caller = call.services, call.caller
     expires_in_ms = None
-    if request.body.strip():
-        body = decode_body(request.body, schemas.RefreshKeyBody)
-        if body.expires_in_seconds is not None:
-            expires_in_ms = body.expires_in_seconds * 1000
-    record, secret = await svc.store.refresh_key(principal.key_id, expires_in_ms)
+    if call.body is not None and call.body.expires_in_seconds is not None:
+        expires_in_ms = call.body.expires_in_seconds * 1000
+    record, secret = await svc.store.refresh_key(caller.key_id, expires_in_ms)
     svc.access_log.write(
-        "key.refresh", project=principal.project, key_id=principal.key_id,
-        new_key_id=record.id, request_id=request_id(request),
+        "key.refresh", project=caller.project, key_id=caller.key_id,
+        new_key_id=record.id, request_id=call.request_id,
     )
     return _created(record, secret)
 
 
-@endpoint
-async def list_keys(request: Request) -> Response:
-    svc = services(request)
-    principal = await svc.auth.authenticate(request, Role.ADMIN)
-    records = await svc.store.list_keys(principal.project)
+async def list_keys(call: Call[None]) -> Response:
+    records = await call.services.store.list_keys(call.caller.project)
     return json_response(200, schemas.KeyList(keys=[key_info(r) for r in records]))
 
 
-@endpoint
-async def revoke_key(request: Request) -> Response:
-    svc = services(request)
-    principal = await svc.auth.authenticate(request, Role.ADMIN)
-    key_id = str(request.path_params["id"])
-    if len(key_id) > 64 or not await svc.store.revoke_key(principal.project, key_id):
+async def revoke_key(call: Call[None]) -> Response:
+    svc, key_id = call.services, call.params["id"]
+    if not await svc.store.revoke_key(call.caller.project, key_id):
         raise NotFound("This project has no key with that ID.")
     svc.auth.forget(key_id)
     return json_response(200, schemas.Revoked(revoked=True))
 
 
-@endpoint
-async def whoami(request: Request) -> Response:
-    principal = await services(request).auth.authenticate(request, Role.READER)
+async def whoami(call: Call[None]) -> Response:
+    caller = call.caller
     return json_response(
         200,
         schemas.WhoAmI(
-            project=principal.project, key_id=principal.key_id,
-            role=principal.role.label,  # type: ignore[arg-type]
-            expires_at=format_at(principal.expires_ms),
+            project=caller.project, key_id=caller.key_id,
+            role=caller.role.label,  # type: ignore[arg-type]
+            expires_at=format_at(caller.expires_ms),
         ),
     )

@@ -13,15 +13,14 @@ from fencepost.core.timefmt import format_at
 from fencepost.errors import FencepostError, LeaseExpired, LeaseLost
 from fencepost.events import Lost, current_origin
 from fencepost.server import schemas
-from fencepost.server.attempts import AttemptLog, get_or_wait
-from fencepost.server.context import endpoint, path_name, request_id, services
+from fencepost.server.context import Call
 from fencepost.server.fence_query import fence_token
-from fencepost.server.http import json_response, required_uuid_header
+from fencepost.server.http import json_response
 from fencepost.server.listing import list_query, no_query, page
-from fencepost.server.messages import Request, Response
-from fencepost.server.validation import decode_body, invalid_field
-from fencepost.server.waiting import WAITER_ALIVE_MS, Attempt, ClientGone
-from fencepost.store.base import AcquireResult, ForceReleaser, KeyRef, LockView
+from fencepost.server.messages import Response
+from fencepost.server.validation import invalid_field
+from fencepost.server.waiting import WAITER_ALIVE_MS, Outcome, Place, wait_for_grant
+from fencepost.store.base import AcquireResult, ForceReleaser, KeyRef, LockView, Store
 
 
 def grant_body(lease: Lease) -> schemas.LeaseGrant:
@@ -85,94 +84,82 @@ def _metadata_json(metadata: dict[str, Any] | None) -> str | None:
     return encoded.decode()
 
 
-async def acquire(request: Request) -> Response:
-    """PUT /v1/locks/{key}/lease: every attempt is written to the access log."""
-    svc = services(request)
-    log = AttemptLog(request, "lock.acquire", "lock", "key")
-    try:
-        principal = await svc.auth.authenticate(request, Role.MEMBER)
-        log.fields.update(project=principal.project, key_id=principal.key_id)
-        key = path_name(request, "key")
-        token = required_uuid_header(request, "x-lock-token")
-        required_uuid_header(request, "x-request-id")
-        body = decode_body(request.body, schemas.AcquireLockBody)
-        wanted = AcquireRequest(
-            lock_token=token,
-            ttl_seconds=body.ttl_seconds,
-            operation=body.operation,
-            metadata_json=_metadata_json(body.metadata),
-            on_expiry=OnExpiry(body.on_expiry),
-            key_id=principal.key_id,
-            wait_ms=round(body.wait_seconds * 1000),
-            lock_delay_seconds=body.lock_delay_seconds,
-        )
-        log.waited = body.wait_seconds > 0
-        granted = await _acquire(request, principal.project, key, wanted, body.wait_seconds)
-    except ClientGone as gone:
-        log.failed(gone)
-        return Response(status_code=499)
-    except FencepostError as error:
-        log.failed(error)
-        raise
+async def acquire(call: Call[schemas.AcquireLockBody]) -> Response:
+    """PUT /v1/locks/{key}/lease: every request is written to the access log
+    (the app writes the line of one that fails)."""
+    caller, body, log = call.caller, call.body, call.acquire_log
+    wanted = AcquireRequest(
+        lock_token=call.params["x-lock-token"],
+        ttl_seconds=body.ttl_seconds,
+        operation=body.operation,
+        metadata_json=_metadata_json(body.metadata),
+        on_expiry=OnExpiry(body.on_expiry),
+        key_id=caller.key_id,
+        wait_ms=round(body.wait_seconds * 1000),
+        lock_delay_seconds=body.lock_delay_seconds,
+    )
+    log.waited = body.wait_seconds > 0
+    svc = call.services
+    line = _LockLine(svc.store, caller.project, call.params["key"], wanted)
+    granted = await wait_for_grant(svc.waiters, line, body.wait_seconds, call.request.gone)
     status = 201 if granted.created else 200
     log.write("granted" if granted.created else "existing", status,
               fencing_token=granted.lease.fencing_token)
     return json_response(status, grant_body(granted.lease))
 
 
-async def _acquire(
-    request: Request, project: str, key: str, wanted: AcquireRequest, wait_s: float
-) -> Granted:
-    store = services(request).store
-    wait_alive_ms = WAITER_ALIVE_MS if wait_s > 0 else None
-    first = _attempt(await store.acquire_lock(project, key, wanted, wait_alive_ms=wait_alive_ms))
+class _LockLine:
+    """A lock's line in the store (waiting.Line)."""
 
-    async def retry(ticket: int) -> Attempt[Granted]:
-        return _attempt(await store.retry_waiter(project, key, wanted, ticket, WAITER_ALIVE_MS))
+    def __init__(self, store: Store, project: str, key: str, wanted: AcquireRequest) -> None:
+        self._store = store
+        self._project = project
+        self._key = key
+        self._wanted = wanted
 
-    async def leave(ticket: int) -> None:
-        await store.leave_line(project, key, ticket)
+    @property
+    def place(self) -> Place:
+        return ("lock", self._project, self._key)
 
-    async def hand_back(granted: Granted) -> None:
+    async def try_once(self, wait: bool) -> Outcome[Granted]:
+        alive_ms = WAITER_ALIVE_MS if wait else None
+        return _outcome(await self._store.acquire_lock(
+            self._project, self._key, self._wanted, wait_alive_ms=alive_ms))
+
+    async def retry(self, ticket: int) -> Outcome[Granted]:
+        return _outcome(await self._store.retry_waiter(
+            self._project, self._key, self._wanted, ticket, WAITER_ALIVE_MS))
+
+    async def leave(self, ticket: int) -> None:
+        await self._store.leave_line(self._project, self._key, ticket)
+
+    async def hand_back(self, granted: Granted) -> None:
         if granted.created:
-            await store.release_lock(project, key, wanted.lock_token)
+            await self._store.release_lock(self._project, self._key, self._wanted.lock_token)
 
-    return await get_or_wait(
-        request, ("lock", project, key), first, retry, leave, wait_s, _held, hand_back
-    )
+    def timed_out(self, last: Outcome[Granted]) -> FencepostError:
+        assert last.refusal is not None
+        return last.refusal  # still held: the wait ends as lock_held
 
 
-def _attempt(result: AcquireResult) -> Attempt[Granted]:
+def _outcome(result: AcquireResult) -> Outcome[Granted]:
     if isinstance(result.outcome, Granted):
-        return Attempt(result.outcome)
+        return Outcome(result.outcome)
     # A lock delay ends by itself: a waiter re-checks then (a timer), besides
     # the wake-up the reaper sends when it clears the delay.
     ends_in_ms = result.outcome.ends_in_ms
     recheck_s = None if ends_in_ms is None else max(ends_in_ms / 1000, 0.005)
-    return Attempt(None, result.ticket, result.outcome.to_error(), recheck_s)
+    return Outcome(None, result.ticket, result.outcome.to_error(), recheck_s)
 
 
-def _held(attempt: Attempt[Granted]) -> FencepostError:
-    assert attempt.refusal is not None
-    return attempt.refusal
-
-
-acquire_route = endpoint(acquire)
-
-
-@endpoint
-async def renew(request: Request) -> Response:
-    svc = services(request)
-    principal = await svc.auth.authenticate(request, Role.MEMBER)
-    key = path_name(request, "key")
-    token = required_uuid_header(request, "x-lock-token")
-    required_uuid_header(request, "x-request-id")
-    body = decode_body(request.body, schemas.RenewLockBody)
+async def renew(call: Call[schemas.RenewLockBody]) -> Response:
+    svc, caller, key = call.services, call.caller, call.params["key"]
     try:
-        lease = await svc.store.renew_lock(principal.project, key, token, body.ttl_seconds)
+        lease = await svc.store.renew_lock(
+            caller.project, key, call.params["x-lock-token"], call.body.ttl_seconds)
     except (LeaseLost, LeaseExpired) as lost:
         reason = lost.extra.get("reason")
-        svc.events.emit(Lost(principal.project, key, lost.code,
+        svc.events.emit(Lost(caller.project, key, lost.code,
                              None if reason is None else str(reason), current_origin()))
         raise
     return json_response(
@@ -186,35 +173,24 @@ async def renew(request: Request) -> Response:
     )
 
 
-@endpoint
-async def release(request: Request) -> Response:
-    svc = services(request)
-    principal = await svc.auth.authenticate(request, Role.MEMBER)
-    key = path_name(request, "key")
-    token = required_uuid_header(request, "x-lock-token")
-    released = await svc.store.release_lock(principal.project, key, token)
+async def release(call: Call[None]) -> Response:
+    released = await call.services.store.release_lock(
+        call.caller.project, call.params["key"], call.params["x-lock-token"])
     return json_response(200, schemas.Released(released=released))
 
 
-@endpoint
-async def inspect(request: Request) -> Response:
-    svc = services(request)
-    principal = await svc.auth.authenticate(request, Role.READER)
-    key = path_name(request, "key")
-    no_query(request)
-    view = await svc.store.get_lock(principal.project, key)
+async def inspect(call: Call[None]) -> Response:
+    no_query(call.request)
+    view = await call.services.store.get_lock(call.caller.project, call.params["key"])
     return json_response(200, lock_state(view))
 
 
-@endpoint
-async def fence_check(request: Request) -> Response:
+async def fence_check(call: Call[None]) -> Response:
     """GET /v1/locks/{key}/fence?token=N: for a resource that cannot keep the
     highest token itself (SPEC §3.8); always 200 for a well-formed request."""
-    svc = services(request)
-    principal = await svc.auth.authenticate(request, Role.READER)
-    key = path_name(request, "key")
-    token = fence_token(request)
-    verdict = await svc.store.fence_check(principal.project, key, token)
+    key = call.params["key"]
+    token = fence_token(call.request)
+    verdict = await call.services.store.fence_check(call.caller.project, key, token)
     return json_response(
         200,
         schemas.FenceCheck(
@@ -224,33 +200,27 @@ async def fence_check(request: Request) -> Response:
     )
 
 
-@endpoint
-async def list_locks(request: Request) -> Response:
-    svc = services(request)
-    principal = await svc.auth.authenticate(request, Role.READER)
-    prefix, after, limit = list_query(request)
-    fetched = await svc.store.list_locks(principal.project, prefix, after, limit + 1)
+async def list_locks(call: Call[None]) -> Response:
+    prefix, after, limit = list_query(call.request)
+    fetched = await call.services.store.list_locks(call.caller.project, prefix, after, limit + 1)
     views, cursor = page(fetched, limit, lambda v: v.key)
     return json_response(200, schemas.LockList(locks=[lock_state(v) for v in views], next=cursor))
 
 
-@endpoint
-async def force_release(request: Request) -> Response:
+async def force_release(call: Call[None]) -> Response:
     """DELETE /v1/locks/{key}: always 200 for an admin or the lease's owner;
     afterwards no lease is live."""
-    svc = services(request)
-    principal = await svc.auth.authenticate(request, Role.MEMBER)
-    key = path_name(request, "key")
-    by = ForceReleaser(principal.key_id, is_admin=principal.role >= Role.ADMIN)
-    result = await svc.store.force_release(principal.project, key, by)
+    svc, caller, key = call.services, call.caller, call.params["key"]
+    by = ForceReleaser(caller.key_id, is_admin=caller.role >= Role.ADMIN)
+    result = await svc.store.force_release(caller.project, key, by)
     lease = result.lease
     svc.access_log.write(
         "lock.force_release",
         released=lease is not None,
-        project=principal.project,
-        key_id=principal.key_id,
+        project=caller.project,
+        key_id=caller.key_id,
         lock=key,
-        request_id=request_id(request),
+        request_id=call.request_id,
         fencing_token=None if lease is None else lease.fencing_token,
         operation=None if lease is None else lease.operation,
     )

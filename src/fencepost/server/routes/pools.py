@@ -2,35 +2,29 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import msgspec
 
 from fencepost.core import slots as rules
-from fencepost.core.keys import Role
 from fencepost.core.ratelimit_headers import RateLimitInfo, merge, parse_rate_limit_headers
 from fencepost.core.slots import PoolConfig, Slot
 from fencepost.core.timefmt import format_at
 from fencepost.errors import (
     FencepostError,
-    InvalidRequest,
     NotFound,
     QueueTimeout,
     TooManyRequests,
     ValidationError,
 )
 from fencepost.server import schemas
-from fencepost.server.attempts import AttemptLog, get_or_wait
-from fencepost.server.context import endpoint, path_name, services
+from fencepost.server.context import Call
 from fencepost.server.http import json_response
 from fencepost.server.listing import list_query, no_query, page
-from fencepost.server.messages import Request, Response
-from fencepost.server.validation import decode_body
-from fencepost.server.waiting import WAITER_ALIVE_MS, Attempt, ClientGone
+from fencepost.server.messages import Response
+from fencepost.server.waiting import WAITER_ALIVE_MS, Outcome, Place, wait_for_grant
 from fencepost.store.base import PoolView, SlotAttempt, SlotReport, Store
 
-_SLOT_ID = re.compile(r"slot_[A-Za-z0-9_-]{16,64}")
 _FALSE_WORDS = {"0", "false", "no", "off"}
 
 
@@ -84,13 +78,9 @@ def _config(body: schemas.PoolConfigBody) -> PoolConfig:
     )
 
 
-@endpoint
-async def put_pool(request: Request) -> Response:
-    svc = services(request)
-    principal = await svc.auth.authenticate(request, Role.ADMIN)
-    name = path_name(request, "pool")
-    config = _config(decode_body(request.body, schemas.PoolConfigBody))
-    view, created = await svc.store.put_pool(principal.project, name, config)
+async def put_pool(call: Call[schemas.PoolConfigBody]) -> Response:
+    view, created = await call.services.store.put_pool(
+        call.caller.project, call.params["pool"], _config(call.body))
     return json_response(201 if created else 200, pool_state(view))
 
 
@@ -104,49 +94,35 @@ def _patched(config: PoolConfig, patch: schemas.PoolPatchBody) -> PoolConfig:
     return _config(msgspec.convert(fields, schemas.PoolConfigBody))
 
 
-@endpoint
-async def patch_pool(request: Request) -> Response:
+async def patch_pool(call: Call[schemas.PoolPatchBody]) -> Response:
     """PATCH /v1/pools/{pool}: change only the fields given; answers like GET."""
-    svc = services(request)
-    principal = await svc.auth.authenticate(request, Role.ADMIN)
-    name = path_name(request, "pool")
-    patch = decode_body(request.body, schemas.PoolPatchBody)
-    current = await svc.store.get_pool(principal.project, name)
+    store, project, name = call.services.store, call.caller.project, call.params["pool"]
+    current = await store.get_pool(project, name)
     if current is None:
         raise NotFound(f"No pool named {name!r}.")
-    view, _ = await svc.store.put_pool(principal.project, name, _patched(current.config, patch))
+    view, _ = await store.put_pool(project, name, _patched(current.config, call.body))
     return json_response(200, pool_state(view))
 
 
-@endpoint
-async def get_pool(request: Request) -> Response:
-    svc = services(request)
-    principal = await svc.auth.authenticate(request, Role.READER)
-    name = path_name(request, "pool")
-    view = await svc.store.get_pool(principal.project, name)
+async def get_pool(call: Call[None]) -> Response:
+    name = call.params["pool"]
+    view = await call.services.store.get_pool(call.caller.project, name)
     if view is None:
         raise NotFound(f"No pool named {name!r}.")
     return json_response(200, pool_state(view))
 
 
-@endpoint
-async def list_pools(request: Request) -> Response:
-    svc = services(request)
-    principal = await svc.auth.authenticate(request, Role.READER)
-    prefix, after, limit = list_query(request)
-    fetched = await svc.store.list_pools(principal.project, prefix, after, limit + 1)
+async def list_pools(call: Call[None]) -> Response:
+    prefix, after, limit = list_query(call.request)
+    fetched = await call.services.store.list_pools(call.caller.project, prefix, after, limit + 1)
     views, cursor = page(fetched, limit, lambda v: v.name)
     return json_response(200, schemas.PoolList(pools=[pool_state(v) for v in views], next=cursor))
 
 
-@endpoint
-async def list_slots(request: Request) -> Response:
+async def list_slots(call: Call[None]) -> Response:
     """GET /v1/pools/{pool}/slots: who holds the live slots (never a whole slot id)."""
-    svc = services(request)
-    principal = await svc.auth.authenticate(request, Role.READER)
-    name = path_name(request, "pool")
-    no_query(request)
-    held = await svc.store.list_slots(principal.project, name)
+    no_query(call.request)
+    held = await call.services.store.list_slots(call.caller.project, call.params["pool"])
     return json_response(200, schemas.SlotList(slots=[
         schemas.SlotHolder(
             slot_id_prefix=s.slot_id_prefix, key_id=s.key.key_id, key_name=s.key.key_name,
@@ -157,12 +133,9 @@ async def list_slots(request: Request) -> Response:
     ]))
 
 
-@endpoint
-async def delete_pool(request: Request) -> Response:
-    svc = services(request)
-    principal = await svc.auth.authenticate(request, Role.ADMIN)
-    name = path_name(request, "pool")
-    if not await svc.store.delete_pool(principal.project, name):
+async def delete_pool(call: Call[None]) -> Response:
+    name = call.params["pool"]
+    if not await call.services.store.delete_pool(call.caller.project, name):
         raise NotFound(f"No pool named {name!r}.")
     return json_response(200, schemas.Deleted(deleted=True))
 
@@ -170,80 +143,61 @@ async def delete_pool(request: Request) -> Response:
 # --- acquire -------------------------------------------------------------------
 
 
-def _wanted_wait_ms(request: Request, body: bytes) -> tuple[int, bool]:
+def _wanted_wait_ms(call: Call[schemas.AcquireSlotBody | None]) -> tuple[int, bool]:
     """The wait asked for (body wins over X-Queue-Timeout-Ms) and whether X-No-Queue is set."""
-    header = request.headers.get("x-queue-timeout-ms")
-    wait_ms = 0
-    if header is not None:
-        header = header.strip()
-        if not (header.isascii() and header.isdigit()) or len(header) > 12:
-            raise InvalidRequest(
-                "X-Queue-Timeout-Ms must be a whole number of milliseconds.",
-                details=[{"field": "X-Queue-Timeout-Ms", "message": "not a number"}],
-            )
-        wait_ms = int(header)
-    if body.strip():
-        parsed = decode_body(body, schemas.AcquireSlotBody)
-        if parsed.wait_ms is not None:
-            wait_ms = parsed.wait_ms
-    no_queue = request.headers.get("x-no-queue")
+    header = call.params.get("x-queue-timeout-ms")
+    wait_ms = 0 if header is None else int(header)
+    if call.body is not None and call.body.wait_ms is not None:
+        wait_ms = call.body.wait_ms
+    no_queue = call.params.get("x-no-queue")
     return wait_ms, no_queue is not None and no_queue.strip().lower() not in _FALSE_WORDS
 
 
-def _paused_message(attempt: SlotAttempt) -> str | None:
-    if attempt.paused_until_ms is None:
+def _paused_message(result: SlotAttempt) -> str | None:
+    if result.paused_until_ms is None:
         return None
-    return (f"The pool is paused until {format_at(attempt.paused_until_ms)}: the upstream "
+    return (f"The pool is paused until {format_at(result.paused_until_ms)}: the upstream "
             "reported its shared budget empty.")
 
 
-def _too_many(attempt: SlotAttempt) -> TooManyRequests:
-    full = attempt.in_use >= attempt.effective_limit
-    paused = _paused_message(attempt)
-    message = paused or (f"All {attempt.effective_limit} slots are in use." if full
+def _too_many(result: SlotAttempt) -> TooManyRequests:
+    full = result.in_use >= result.effective_limit
+    paused = _paused_message(result)
+    message = paused or (f"All {result.effective_limit} slots are in use." if full
                          else "The pool is pacing admissions to the upstream's rate.")
-    extra: dict[str, Any] = {} if attempt.paused_until_ms is None else {
-        "paused_until_at": format_at(attempt.paused_until_ms)}
+    extra: dict[str, Any] = {} if result.paused_until_ms is None else {
+        "paused_until_at": format_at(result.paused_until_ms)}
     return TooManyRequests(
         message,
         # During a pause the answer names its end (SPEC §4.5), not the next probe.
-        retry_after_ms=attempt.pause_left_ms or attempt.retry_after_ms,
-        in_use=attempt.in_use,
-        effective_limit=attempt.effective_limit,
+        retry_after_ms=result.pause_left_ms or result.retry_after_ms,
+        in_use=result.in_use,
+        effective_limit=result.effective_limit,
         **extra,
     )
 
 
-def _attempt(result: SlotAttempt) -> Attempt[SlotAttempt]:
+def _outcome(result: SlotAttempt) -> Outcome[SlotAttempt]:
     if result.slot is not None:
-        return Attempt(result)
+        return Outcome(result)
     # Re-check when the refusal is known to end (a probe of a pause, the next
     # paced turn, a slot's hard cap), without waiting for the periodic re-check.
     recheck = None if result.retry_after_ms is None else result.retry_after_ms / 1000
-    return Attempt(None, result.ticket, _too_many(result), recheck)
+    return Outcome(None, result.ticket, _too_many(result), recheck)
 
 
-async def acquire(request: Request) -> Response:
-    """POST /v1/pools/{pool}/lock/acquire: every attempt goes to the access log."""
-    svc = services(request)
-    log = AttemptLog(request, "pool.acquire", "pool", "pool")
-    try:
-        principal = await svc.auth.authenticate(request, Role.MEMBER)
-        log.fields.update(project=principal.project, key_id=principal.key_id)
-        pool = path_name(request, "pool")
-        wanted_ms, no_queue = _wanted_wait_ms(request, request.body)
-        view = await svc.store.get_pool(principal.project, pool)
-        if view is None:
-            raise NotFound(f"No pool named {pool!r}.")
-        wait_ms = rules.clamp_wait_ms(view.config, wanted_ms, no_queue)
-        log.waited = wait_ms > 0
-        admitted = await _acquire(request, principal.project, pool, wait_ms, principal.key_id)
-    except ClientGone as gone:
-        log.failed(gone)
-        return Response(status_code=499)
-    except FencepostError as error:
-        log.failed(error)
-        raise
+async def acquire(call: Call[schemas.AcquireSlotBody | None]) -> Response:
+    """POST /v1/pools/{pool}/lock/acquire: every request goes to the access log
+    (the app writes the line of one that fails)."""
+    svc, caller, log, pool = call.services, call.caller, call.acquire_log, call.params["pool"]
+    wanted_ms, no_queue = _wanted_wait_ms(call)
+    view = await svc.store.get_pool(caller.project, pool)
+    if view is None:
+        raise NotFound(f"No pool named {pool!r}.")
+    wait_ms = rules.clamp_wait_ms(view.config, wanted_ms, no_queue)
+    log.waited = wait_ms > 0
+    line = _SlotLine(svc.store, caller.project, pool, caller.key_id, wait_ms)
+    admitted = await wait_for_grant(svc.waiters, line, wait_ms / 1000, call.request.gone)
     slot = admitted.slot
     assert slot is not None
     # The first characters correlate log lines; the whole ID is a capability.
@@ -269,60 +223,51 @@ def _grant_body(slot: Slot, config: PoolConfig) -> schemas.SlotGrant:
     )
 
 
-async def _acquire(
-    request: Request, project: str, pool: str, wait_ms: int, key_id: str
-) -> SlotAttempt:
-    store = services(request).store
-    wait_alive_ms = WAITER_ALIVE_MS if wait_ms > 0 else None
-    first = _attempt(
-        await store.acquire_slot(project, pool, wait_alive_ms=wait_alive_ms, key_id=key_id)
-    )
+class _SlotLine:
+    """A pool's line in the store (waiting.Line)."""
 
-    async def retry(ticket: int) -> Attempt[SlotAttempt]:
-        return _attempt(
-            await store.retry_slot_waiter(project, pool, ticket, WAITER_ALIVE_MS, key_id)
-        )
+    def __init__(self, store: Store, project: str, pool: str, key_id: str, wait_ms: int) -> None:
+        self._store = store
+        self._project = project
+        self._pool = pool
+        self._key_id = key_id
+        self._wait_ms = wait_ms
 
-    async def leave(ticket: int) -> None:
-        await store.leave_slot_line(project, pool, ticket)
+    @property
+    def place(self) -> Place:
+        return ("pool", self._project, self._pool)
 
-    def timed_out(attempt: Attempt[SlotAttempt]) -> FencepostError:
-        refusal = attempt.refusal
+    async def try_once(self, wait: bool) -> Outcome[SlotAttempt]:
+        alive_ms = WAITER_ALIVE_MS if wait else None
+        return _outcome(await self._store.acquire_slot(
+            self._project, self._pool, wait_alive_ms=alive_ms, key_id=self._key_id))
+
+    async def retry(self, ticket: int) -> Outcome[SlotAttempt]:
+        return _outcome(await self._store.retry_slot_waiter(
+            self._project, self._pool, ticket, WAITER_ALIVE_MS, self._key_id))
+
+    async def leave(self, ticket: int) -> None:
+        await self._store.leave_slot_line(self._project, self._pool, ticket)
+
+    async def hand_back(self, granted: SlotAttempt) -> None:
+        if granted.slot is not None:
+            await self._store.release_slot(self._project, self._pool, granted.slot.slot_id, None)
+
+    def timed_out(self, last: Outcome[SlotAttempt]) -> FencepostError:
+        refusal = last.refusal
         if refusal is not None and "paused_until_at" in refusal.extra:
             # SPEC §4.5: say so, with Retry-After at the pause's end.
-            return QueueTimeout(f"Waited {wait_ms} ms. {refusal.message}",
+            return QueueTimeout(f"Waited {self._wait_ms} ms. {refusal.message}",
                                 retry_after_ms=refusal.retry_after_ms)
-        return QueueTimeout(f"Waited {wait_ms} ms and no slot opened.")
-
-    async def hand_back(admitted: SlotAttempt) -> None:
-        if admitted.slot is not None:
-            await store.release_slot(project, pool, admitted.slot.slot_id, None)
-
-    return await get_or_wait(
-        request, ("pool", project, pool), first, retry, leave, wait_ms / 1000, timed_out,
-        hand_back,
-    )
+        return QueueTimeout(f"Waited {self._wait_ms} ms and no slot opened.")
 
 
 # --- renew and release -----------------------------------------------------------
 
 
-def _slot_id(request: Request) -> str:
-    slot_id = str(request.path_params["slot_id"])
-    if _SLOT_ID.fullmatch(slot_id) is None:
-        raise NotFound("No such slot.")
-    return slot_id
-
-
-@endpoint
-async def renew(request: Request) -> Response:
-    svc = services(request)
-    principal = await svc.auth.authenticate(request, Role.MEMBER)
-    pool = path_name(request, "pool")
-    body = request.body
-    if body.strip():
-        decode_body(body, schemas.EmptyBody)  # renewal takes no fields
-    slot = await svc.store.renew_slot(principal.project, pool, _slot_id(request))
+async def renew(call: Call[schemas.EmptyBody | None]) -> Response:
+    slot = await call.services.store.renew_slot(
+        call.caller.project, call.params["pool"], call.params["slot_id"])
     return json_response(200, schemas.SlotRenewal(lease_deadline=slot.lease_deadline_ms))
 
 
@@ -341,22 +286,17 @@ async def _reported_rate(store: Store, body: schemas.ReleaseSlotBody) -> RateLim
     return None if merged.is_empty() else merged
 
 
-@endpoint
-async def release(request: Request) -> Response:
-    svc = services(request)
-    principal = await svc.auth.authenticate(request, Role.MEMBER)
-    pool = path_name(request, "pool")
-    body = request.body
+async def release(call: Call[schemas.ReleaseSlotBody | None]) -> Response:
+    store, body = call.services.store, call.body
     report = None
-    if body.strip():
-        parsed = decode_body(body, schemas.ReleaseSlotBody)
+    if body is not None:
         report = SlotReport(
-            status=parsed.status,
-            throttled=parsed.throttled,
-            retry_after_ms=parsed.retry_after_ms,
-            rate=await _reported_rate(svc.store, parsed),
-            report_json=msgspec.json.encode(parsed).decode(),
+            status=body.status,
+            throttled=body.throttled,
+            retry_after_ms=body.retry_after_ms,
+            rate=await _reported_rate(store, body),
+            report_json=msgspec.json.encode(body).decode(),
         )
-    released = await svc.store.release_slot(principal.project, pool, _slot_id(request), report)
+    released = await store.release_slot(
+        call.caller.project, call.params["pool"], call.params["slot_id"], report)
     return json_response(200, schemas.Released(released=released))
-

@@ -7,36 +7,36 @@ import hmac
 from fencepost import __version__
 from fencepost.errors import FencepostError, ShuttingDown, StoreUnavailable, Unauthorized
 from fencepost.server import schemas
-from fencepost.server.context import services
+from fencepost.server.context import Call
 from fencepost.server.http import error_response, json_response
-from fencepost.server.messages import Request, Response
+from fencepost.server.messages import Response
 from fencepost.server.metrics import CONTENT_TYPE
 from fencepost.store.base import Census
 
 
-def _which_worker(request: Request) -> dict[str, str] | None:
+def _which_worker(call: Call[None]) -> dict[str, str] | None:
     """The answering worker's number (`serve --workers N`): behind one port,
     a probe otherwise cannot tell the workers apart."""
-    worker: int | None = request.app.config.worker
+    worker = call.services.worker
     return None if worker is None else {"X-Fencepost-Worker": str(worker)}
 
 
-async def livez(request: Request) -> Response:
+async def livez(call: Call[None]) -> Response:
     """The process serves: it never asks the store, so that a database outage
     does not get every replica restarted."""
-    store = services(request).store
+    store = call.services.store
     return json_response(
         200, schemas.Health(status="ok", store=store.url_scheme, version=__version__),
-        _which_worker(request),
+        _which_worker(call),
     )
 
 
-async def readyz(request: Request) -> Response:
+async def readyz(call: Call[None]) -> Response:
     """Whether to send this server traffic: the store answers and takes writes,
     and the server is not shutting down."""
-    if request.app.shutting_down:
+    if call.services.shutting_down:
         return error_response(ShuttingDown("The server is shutting down."))
-    store = services(request).store
+    store = call.services.store
     try:
         await store.check_ready()
     except FencepostError as error:
@@ -45,34 +45,34 @@ async def readyz(request: Request) -> Response:
         return error_response(StoreUnavailable(f"The store is not answering: {exc}."))
     return json_response(
         200, schemas.Health(status="ok", store=store.url_scheme, version=__version__),
-        _which_worker(request),
+        _which_worker(call),
     )
 
 
-async def healthz(request: Request) -> Response:
+async def healthz(call: Call[None]) -> Response:
     """The old name of /readyz, kept for probes configured before it."""
-    return await readyz(request)
+    return await readyz(call)
 
 
-async def openapi(request: Request) -> Response:
-    return Response(request.app.openapi, media_type="application/json")
+async def openapi(call: Call[None]) -> Response:
+    return Response(call.services.openapi, media_type="application/json")
 
 
-async def metrics(request: Request) -> Response:
+async def metrics(call: Call[None]) -> Response:
     """The Prometheus exposition: this process's counters, and the shared state
     read from the store now (`fencepost_store_up` 0 when it does not answer).
     Open unless the server was given a metrics key."""
-    app = request.app
-    wanted: str | None = app.config.metrics_key
+    svc = call.services
+    wanted = svc.metrics_key
     if wanted is not None:
-        scheme, _, given = (request.headers.get("authorization") or "").partition(" ")
+        scheme, _, given = (call.request.headers.get("authorization") or "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(
             given.strip().encode(), wanted.encode()
         ):
             return error_response(Unauthorized("GET /metrics needs `Bearer <metrics key>`."))
     census: Census | None
     try:
-        census = await services(request).store.census()
+        census = await svc.store.census()
     except Exception:  # noqa: BLE001 - a store outage is a metric, not a failed scrape
         census = None
-    return Response(app.metrics.exposition(census), media_type=CONTENT_TYPE)
+    return Response(svc.metrics.exposition(census), media_type=CONTENT_TYPE)

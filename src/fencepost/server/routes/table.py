@@ -1,13 +1,16 @@
-"""Every route in one table: the app is built from it and so is the OpenAPI document,
-so the two cannot drift apart. Each entry says what the route takes (path, header
-and query parameters with the constraints the server enforces, the body Struct)
-and what it answers (its successes and the errors it raises itself; the errors
-every route of its kind can give are added by server/openapi.py)."""
+"""Every route in one table: the app dispatches from it and the OpenAPI document is
+built from it, so the two cannot drift apart. Each entry says what the route takes
+(the role its key needs, path and header parameters with the constraints the app
+checks, the body Struct the app decodes, query parameters the handler reads) and
+what it answers (its successes and the errors it raises itself; the errors every
+route of its kind can give are added by server/openapi.py). The app does the
+checks before the handler runs, in this order: key and role, path parameters,
+headers, body (server/app.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Awaitable, Callable
 
 from fencepost.core.keys import Role
 from fencepost.core.names import NAME_PATTERN
@@ -27,28 +30,21 @@ from fencepost.errors import (
     ValidationError,
 )
 from fencepost.server import schemas
+from fencepost.server.access_log import AcquireLogged
+from fencepost.server.context import Call
 from fencepost.server.listing import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT
+from fencepost.server.messages import Response
+from fencepost.server.params import Param
 from fencepost.server.routes import docs, keys, locks, pools, system, ui
 
-
-@dataclass(frozen=True, slots=True)
-class Param:
-    """A path, header or query parameter, the JSON Schema of its value, and the
-    error the server answers when a value breaks it."""
-
-    name: str
-    where: Literal["path", "header", "query"]
-    schema: dict[str, Any]
-    description: str
-    required: bool = False
-    refused_with: type[FencepostError] | None = None
+Handler = Callable[[Call[Any]], Awaitable[Response]]
 
 
 @dataclass(frozen=True, slots=True)
 class RouteSpec:
     method: str
     path: str
-    handler: Callable[..., Any]
+    handler: Handler
     operation_id: str
     summary: str
     role: Role | None
@@ -61,6 +57,7 @@ class RouteSpec:
     errors: tuple[type[FencepostError], ...] = ()  # raised by this route itself
     params: tuple[Param, ...] = ()  # header and query parameters
     response_headers: tuple[str, ...] = ()  # sent with the 2xx answer
+    logged: AcquireLogged | None = None  # one access-log line per request, however it ends
 
     @property
     def path_params(self) -> tuple[Param, ...]:
@@ -76,15 +73,16 @@ PATH_PARAMS = {
     "pool": Param("pool", "path", _NAME, "The pool's name.", True, ValidationError),
     "slot_id": Param(
         "slot_id", "path", {"type": "string", "pattern": schemas.SLOT_ID_PATTERN},
-        "The slot_id from the acquire answer.", True, NotFound,
+        "The slot_id from the acquire answer.", True, NotFound, "No such slot.",
     ),
     "id": Param(
         "id", "path", {"type": "string", "minLength": 1, "maxLength": 64},
         "The key's id (as in GET /v1/keys).", True, NotFound,
+        "This project has no key with that ID.",
     ),
     "asset": Param(
         "asset", "path", {"type": "string", "enum": sorted(ui.ASSETS)},
-        "One of the console's static files.", True, NotFound,
+        "One of the console's static files.", True, NotFound, "No such file in the console.",
     ),
 }
 _UUID = {"type": "string", "format": "uuid"}
@@ -111,7 +109,7 @@ LIST_QUERY = (
 
 ROUTES: tuple[RouteSpec, ...] = (
     RouteSpec(
-        "PUT", "/v1/locks/{key}/lease", locks.acquire_route, "acquireLock", "Acquire a lock",
+        "PUT", "/v1/locks/{key}/lease", locks.acquire, "acquireLock", "Acquire a lock",
         Role.MEMBER, schemas.AcquireLockBody,
         responses=((201, schemas.LeaseGrant, "New lease granted."),
                    (200, schemas.LeaseGrant,
@@ -119,6 +117,7 @@ ROUTES: tuple[RouteSpec, ...] = (
                     "the lease is unchanged.")),
         errors=(LockHeld, ShuttingDown),
         params=(LOCK_TOKEN, REQUEST_ID),
+        logged=AcquireLogged("lock.acquire", "lock", "key"),
     ),
     RouteSpec(
         "PATCH", "/v1/locks/{key}/lease", locks.renew, "renewLease", "Renew a lease",
@@ -203,11 +202,13 @@ ROUTES: tuple[RouteSpec, ...] = (
             Param("X-Queue-Timeout-Ms", "header",
                   {"type": "integer", "minimum": 0, "maximum": 999_999_999_999},
                   "How long to wait in line, in ms (the body's wait_ms wins); clamped to "
-                  "the pool's queue_timeout_ms.", refused_with=InvalidRequest),
+                  "the pool's queue_timeout_ms.", refused_with=InvalidRequest,
+                  refusal="X-Queue-Timeout-Ms must be a whole number of milliseconds."),
             Param("X-No-Queue", "header", {"type": "string"},
                   "Fail fast even when a wait was asked for (unless 0, false, no or off)."),
         ),
         response_headers=("X-Remaining-Slots", "X-Effective-Limit", "X-Queued-Ms"),
+        logged=AcquireLogged("pool.acquire", "pool", "pool"),
     ),
     RouteSpec(
         "POST", "/v1/pools/{pool}/lock/{slot_id}/renew", pools.renew, "renewSlot",

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from fencepost.core.leases import EndReason
 from fencepost.events import Ended
-from fencepost.store.batch import Tx
+from fencepost.store.batch import PerBatch, Tx
+from fencepost.store.sql.bounded import delete_oldest
 
-_NAME = "ended_leases"
 _INSERT = (
     "INSERT INTO ended_leases (project, key, lock_token, reason, ended_ms, fencing_token) VALUES "
 )
@@ -26,8 +26,16 @@ _ON_CONFLICT = (
 # parsing of; and few distinct statement texts for the statement caches.
 _CHUNK = 10
 
+# (project, key, lock_token): (reason, ended_ms, fencing_token)
 _Pending = dict[tuple[str, str, str], tuple[str, int, int]]
 _Row = tuple[str, str, str, str, int, int]
+
+
+def _write_gathered(tx: Tx, pending: _Pending) -> None:
+    _write(tx, [(*ended, *what) for ended, what in pending.items()])
+
+
+_GATHERED = PerBatch("ended leases", _write_gathered)
 
 
 def remember(
@@ -42,27 +50,27 @@ def remember(
     if tx.batch.isolated:
         _write(tx, [(project, key, lock_token, reason.value, tx.now_ms, fencing_token)])
         return
-    pending: _Pending | None = tx.batch.shared.get(_NAME)
+    pending = _GATHERED.of(tx)
     if pending is None:
-        pending = tx.batch.shared[_NAME] = {}
-        tx.batch.finishers[_NAME] = _write_gathered
+        pending = _GATHERED.start(tx, {})
     pending[(project, key, lock_token)] = (reason.value, tx.now_ms, fencing_token)
 
 
 def reason(tx: Tx, project: str, key: str, lock_token: str) -> EndReason | None:
-    pending: _Pending | None = tx.batch.shared.get(_NAME)
+    pending = _GATHERED.of(tx)
     if pending and (gathered := pending.get((project, key, lock_token))) is not None:
-        return EndReason(gathered[0])
+        why, _ended_ms, _fencing_token = gathered
+        return EndReason(why)
     row = tx.execute(
         "SELECT reason FROM ended_leases WHERE project = ? AND key = ? AND lock_token = ?",
         (project, key, lock_token),
     ).fetchone()
-    return None if row is None else EndReason(row[0])
+    return _why(row)
 
 
 def reason_of_token(tx: Tx, project: str, key: str, fencing_token: int) -> EndReason | None:
     """Why the lease of this lock with this fencing token ended, if it is on record."""
-    pending: _Pending | None = tx.batch.shared.get(_NAME)
+    pending = _GATHERED.of(tx)
     for (p, k, _), (why, _, fencing) in (pending or {}).items():
         if (p, k, fencing) == (project, key, fencing_token):
             return EndReason(why)
@@ -70,12 +78,7 @@ def reason_of_token(tx: Tx, project: str, key: str, fencing_token: int) -> EndRe
         "SELECT reason FROM ended_leases WHERE project = ? AND key = ? AND fencing_token = ?",
         (project, key, fencing_token),
     ).fetchone()
-    return None if row is None else EndReason(row[0])
-
-
-def _write_gathered(tx: Tx) -> None:
-    pending: _Pending = tx.batch.shared[_NAME]
-    _write(tx, [(*ended, *what) for ended, what in pending.items()])
+    return _why(row)
 
 
 def _write(tx: Tx, rows: list[_Row]) -> None:
@@ -87,3 +90,21 @@ def _write(tx: Tx, rows: list[_Row]) -> None:
             _INSERT + ", ".join([_ROW] * len(chunk)) + _ON_CONFLICT,
             tuple(value for row in chunk for value in row),
         )
+
+
+def forget(tx: Tx, before_ms: int, bound: int) -> bool:
+    """Delete at most `bound` records of leases that ended before `before_ms`;
+    True when the bound was reached (more may be left)."""
+    # ended_ms < before_ms: the last millisecond deleted is the one before.
+    _, more = delete_oldest(
+        tx, "ended_leases", "project, key, lock_token", "ended_ms", before_ms - 1, bound,
+        "project",
+    )
+    return more
+
+
+def _why(row: tuple[str] | None) -> EndReason | None:
+    if row is None:
+        return None
+    (why,) = row
+    return EndReason(why)

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fencepost.store.batch import Tx
-
-_NAME = "fencing"
+from fencepost.store.batch import PerBatch, Tx
 
 
 @dataclass(slots=True)
@@ -24,19 +22,24 @@ class _Counter:
     issued: int  # the highest token handed out and still in use
 
 
+def _store(tx: Tx, counter: _Counter) -> None:
+    if counter.issued > counter.stored:
+        tx.execute("UPDATE counters SET value = ? WHERE name = 'fencing'", (counter.issued,))
+
+
+_COUNTER = PerBatch("fencing counter", _store)
+
+
 def take(tx: Tx) -> int:
-    counter = tx.batch.shared.get(_NAME)
+    counter = _COUNTER.of(tx)
     if counter is None:
         # The first grant of a batch bumps the row itself (which also serves a
         # batch of one grant in one statement); later ones count in memory.
-        row = tx.execute(
+        (value,) = tx.execute(
             "UPDATE counters SET value = value + 1 WHERE name = 'fencing' RETURNING value"
         ).fetchone()
-        value = int(row[0])
-        tx.batch.shared[_NAME] = _Counter(value, value)
-        tx.batch.finishers[_NAME] = _store
-        return value
-    assert isinstance(counter, _Counter)
+        _COUNTER.start(tx, _Counter(int(value), int(value)))
+        return int(value)
     counter.issued += 1
     return counter.issued
 
@@ -44,15 +47,9 @@ def take(tx: Tx) -> int:
 def give_back(tx: Tx, token: int) -> None:
     """`token` was taken for a grant that was not written: let the next grant
     have it, so the counter keeps moving only when a lock changes hands."""
-    counter = tx.batch.shared.get(_NAME)
-    if isinstance(counter, _Counter) and counter.issued == token:
+    counter = _COUNTER.of(tx)
+    if counter is not None and counter.issued == token:
         counter.issued -= 1
-
-
-def _store(tx: Tx) -> None:
-    counter = tx.batch.shared[_NAME]
-    if counter.issued > counter.stored:
-        tx.execute("UPDATE counters SET value = ? WHERE name = 'fencing'", (counter.issued,))
 
 
 def floor_at_clock(tx: Tx) -> int:
@@ -66,5 +63,5 @@ def floor_at_clock(tx: Tx) -> int:
     tx.execute(
         "UPDATE counters SET value = ? WHERE name = 'fencing' AND value < ?", (floor, floor)
     )
-    row = tx.execute("SELECT value FROM counters WHERE name = 'fencing'").fetchone()
-    return int(row[0])
+    (value,) = tx.execute("SELECT value FROM counters WHERE name = 'fencing'").fetchone()
+    return int(value)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from typing import Any
+from typing import Any, NamedTuple
 
 from fencepost.core.keys import (
     Role,
@@ -20,28 +20,46 @@ from fencepost.errors import Conflict, Unauthorized, ValidationError
 from fencepost.events import KeyChanged
 from fencepost.store.base import KeyRecord, NewKey
 from fencepost.store.batch import Tx
+from fencepost.store.sql.rows import columns
 
-_KEY_COLUMNS = (
-    "id, project, role, name, secret_hash, created_ms, expires_ms, allow_ips, rpm_quota, "
-    "revoked_ms, parent_id, root_id, granted_lifetime_ms"
-)
+
+class _KeyRow(NamedTuple):
+    """An `api_keys` row's columns (see rows.py)."""
+
+    id: str
+    project: str
+    role: str
+    name: str | None
+    secret_hash: str
+    created_ms: int
+    expires_ms: int | None
+    allow_ips: str  # a JSON array
+    rpm_quota: int | None
+    revoked_ms: int | None
+    parent_id: str | None
+    root_id: str | None
+    granted_lifetime_ms: int | None
+
+
+_KEY_COLUMNS = columns(_KeyRow)
 
 
 def _key_record(row: Any) -> KeyRecord:
+    r = _KeyRow._make(row)
     return KeyRecord(
-        id=row[0],
-        project=row[1],
-        role=Role.parse(row[2]),
-        name=row[3],
-        secret_hash=row[4],
-        created_ms=row[5],
-        expires_ms=row[6],
-        allow_ips=list(json.loads(row[7])),
-        rpm_quota=row[8],
-        revoked_ms=row[9],
-        parent_id=row[10],
-        root_id=row[11],
-        granted_lifetime_ms=row[12],
+        id=r.id,
+        project=r.project,
+        role=Role.parse(r.role),
+        name=r.name,
+        secret_hash=r.secret_hash,
+        created_ms=r.created_ms,
+        expires_ms=r.expires_ms,
+        allow_ips=list(json.loads(r.allow_ips)),
+        rpm_quota=r.rpm_quota,
+        revoked_ms=r.revoked_ms,
+        parent_id=r.parent_id,
+        root_id=r.root_id,
+        granted_lifetime_ms=r.granted_lifetime_ms,
     )
 
 
@@ -51,8 +69,8 @@ def load_pepper(tx: Tx) -> str:
         "INSERT INTO meta (name, value) VALUES ('key_pepper', ?) ON CONFLICT (name) DO NOTHING",
         (secrets.token_hex(32),),
     )
-    row = tx.execute("SELECT value FROM meta WHERE name = 'key_pepper'").fetchone()
-    return str(row[0])
+    (pepper,) = tx.execute("SELECT value FROM meta WHERE name = 'key_pepper'").fetchone()
+    return str(pepper)
 
 
 def insert_key(tx: Tx, pepper: bytes, project: str, new: NewKey, secret: str) -> KeyRecord:
@@ -184,9 +202,10 @@ def find_key(tx: Tx, secret_hash: str) -> KeyRecord | None:
     row = tx.execute(
         f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE secret_hash = ?", (secret_hash,)
     ).fetchone()
-    if row is None or not same_hash(row[4], secret_hash):
+    record = None if row is None else _key_record(row)
+    if record is None or not same_hash(record.secret_hash, secret_hash):
         return None
-    return _key_record(row)
+    return record
 
 
 def admit_request(tx: Tx, key_id: str, per_minute: int) -> int | None:
@@ -196,7 +215,10 @@ def admit_request(tx: Tx, key_id: str, per_minute: int) -> int | None:
     row = tx.execute(
         "SELECT theoretical_arrival_ms FROM key_quota WHERE key_id = ?", (key_id,)
     ).fetchone()
-    gate = RateGate(per_minute, float(row[0]) if row else 0.0)
+    arrival_ms = 0.0
+    if row is not None:
+        (arrival_ms,) = row
+    gate = RateGate(per_minute, float(arrival_ms))
     wait_ms = gate.admit(tx.now_ms)
     if wait_ms is None:
         tx.execute(

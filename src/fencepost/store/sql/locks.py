@@ -4,7 +4,7 @@ SQLite, one advisory lock on PostgreSQL) makes read-decide-write atomic."""
 
 from __future__ import annotations
 
-from typing import Any, Generator
+from typing import Any, NamedTuple
 
 from fencepost.core import leases as rules
 from fencepost.core.leases import (
@@ -28,24 +28,40 @@ from fencepost.store.base import (
     WaiterView,
     lock_freed,
 )
-from fencepost.store.batch import Cursor, Tx
+from fencepost.store.batch import UNDECIDED, Cursor, Step, Tx, Undecided
 from fencepost.store.sql import ended, fencing
+from fencepost.store.sql.bounded import delete_oldest
 from fencepost.store.sql.known_leases import KnownLeases
 from fencepost.store.sql.replicas import Place
+from fencepost.store.sql.rows import columns, width
 
-_LEASE_COLUMNS = (
-    "key, lock_token, fencing_token, acquired_ms, expires_ms, deadline_ms, "
-    "operation, metadata, on_expiry, key_id, lock_delay_ms"
-)
-# Where a row of lease columns continues (the waiter count that follows them).
-_AFTER_LEASE = len(_LEASE_COLUMNS.split(", "))
+
+class _LeaseRow(NamedTuple):
+    """The lease columns of a `locks` row (see rows.py)."""
+
+    key: str
+    lock_token: str
+    fencing_token: int
+    acquired_ms: int
+    expires_ms: int
+    deadline_ms: int
+    operation: str | None
+    metadata: str | None
+    on_expiry: str
+    key_id: str | None
+    lock_delay_ms: int
+
+
+_LEASE_COLUMNS = columns(_LeaseRow)
+# Where a row of lease columns continues (e.g. the waiter count that follows them).
+_AFTER_LEASE = width(_LeaseRow)
 _WAITERS_AHEAD = (
     "(SELECT COUNT(*) FROM lock_waiters w "
     "WHERE w.project = ? AND w.key = ? AND w.ticket < ? AND w.alive_until_ms > ?)"
 )
 # The row if any (a LEFT JOIN from one row, so the count comes back without it).
 _LEASE_AND_LINE = (
-    f"SELECT {', '.join('l.' + c for c in _LEASE_COLUMNS.split(', '))}, {_WAITERS_AHEAD} "
+    f"SELECT {columns(_LeaseRow, 'l')}, {_WAITERS_AHEAD} "
     "FROM (SELECT 1) AS one LEFT JOIN locks l ON l.project = ? AND l.key = ?"
 )
 _NO_TICKET = 2**62
@@ -67,24 +83,29 @@ _INSERT_IF_FREE = (
 _DELAY_OF = "(SELECT d.until_ms FROM lock_delays d WHERE d.project = ? AND d.key = ?)"
 # The lease row, the waiters ahead and the lock delay in one statement.
 _LEASE_LINE_AND_DELAY = (
-    f"SELECT {', '.join('l.' + c for c in _LEASE_COLUMNS.split(', '))}, {_WAITERS_AHEAD}, "
+    f"SELECT {columns(_LeaseRow, 'l')}, {_WAITERS_AHEAD}, "
     f"{_DELAY_OF} FROM (SELECT 1) AS one LEFT JOIN locks l ON l.project = ? AND l.key = ?"
 )
 
 
 def _lease(row: Any) -> Lease:
+    """The lease of a row that starts with the lease columns."""
+    return _lease_of(_LeaseRow._make(row[:_AFTER_LEASE]))
+
+
+def _lease_of(r: _LeaseRow) -> Lease:
     return Lease(
-        key=row[0],
-        lock_token=row[1],
-        fencing_token=row[2],
-        acquired_ms=row[3],
-        expires_ms=row[4],
-        deadline_ms=row[5],
-        operation=row[6],
-        metadata_json=row[7],
-        on_expiry=OnExpiry(row[8]),
-        key_id=row[9],
-        lock_delay_ms=int(row[10]),
+        key=r.key,
+        lock_token=r.lock_token,
+        fencing_token=r.fencing_token,
+        acquired_ms=r.acquired_ms,
+        expires_ms=r.expires_ms,
+        deadline_ms=r.deadline_ms,
+        operation=r.operation,
+        metadata_json=r.metadata,
+        on_expiry=OnExpiry(r.on_expiry),
+        key_id=r.key_id,
+        lock_delay_ms=int(r.lock_delay_ms),
     )
 
 
@@ -102,7 +123,14 @@ def load_line(
     `before_ticket` (all of them when None), in one statement."""
     ahead = before_ticket if before_ticket is not None else _NO_TICKET
     row = tx.execute(_LEASE_AND_LINE, (project, key, ahead, tx.now_ms, project, key)).fetchone()
-    return (None if row[0] is None else _lease(row)), int(row[_AFTER_LEASE])
+    (waiting,) = row[_AFTER_LEASE:]
+    return _lease_if_any(row), int(waiting)
+
+
+def _lease_if_any(row: Any) -> Lease | None:
+    """The lease of a LEFT JOINed row, None when there was no lease row."""
+    r = _LeaseRow._make(row[:_AFTER_LEASE])
+    return None if r.key is None else _lease_of(r)
 
 
 def load_line_and_delay(
@@ -113,9 +141,9 @@ def load_line_and_delay(
     row = tx.execute(
         _LEASE_LINE_AND_DELAY, (project, key, ahead, tx.now_ms, project, key, project, key)
     ).fetchone()
-    lease = None if row[0] is None else _lease(row)
-    delay = row[_AFTER_LEASE + 1]
-    return lease, int(row[_AFTER_LEASE]), None if delay is None else int(delay)
+    waiting, delay_until_ms = row[_AFTER_LEASE:]
+    delay = None if delay_until_ms is None else int(delay_until_ms)
+    return _lease_if_any(row), int(waiting), delay
 
 
 def start_delay(tx: Tx, project: str, lease: Lease, reason: EndReason) -> None:
@@ -142,13 +170,13 @@ def _lease_values(project: str, lease: Lease) -> tuple[Any, ...]:
 def join_line(tx: Tx, project: str, key: str, request: AcquireRequest, place: Place) -> int:
     # since/gives_up are only shown (SPEC §3.4); a waiter that rejoins after
     # being dropped as dead shows its new place, measured from the rejoin.
-    row = tx.execute(
+    (ticket,) = tx.execute(
         "INSERT INTO lock_waiters (project, key, lock_token, alive_until_ms, replica, "
         "key_id, since_ms, gives_up_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING ticket",
         (project, key, request.lock_token, tx.now_ms + place.alive_ms, place.replica,
          request.key_id, tx.now_ms, tx.now_ms + request.wait_ms),
     ).fetchone()
-    return int(row[0])
+    return int(ticket)
 
 
 def _decide_and_write(
@@ -194,33 +222,38 @@ def acquire(
     key: str,
     request: AcquireRequest,
     place: Place | None,
-) -> Generator[None, None, AcquireResult]:
-    """A batch step operation (see BatchWriter): first the common case in one
-    statement (the rules decide for a free lock with an empty line, and the
-    insert happens only if that is what the lock is), then, if it was not,
-    the general case."""
-    outcome = rules.decide_acquire(
+) -> Step[AcquireResult]:
+    """A step operation (see batch.py): first the common case in one statement
+    (the rules decide for a free lock with an empty line, and the insert
+    happens only if that is what the lock is), then, if it was not, the
+    general case."""
+    guess = rules.decide_acquire(
         key, None, request, tx.now_ms, waiters_ahead=0,
         next_fencing_token=lambda: fencing.take(tx),
     )
-    assert isinstance(outcome, Granted)
+    assert isinstance(guess, Granted)
     sent = tx.execute(
         _INSERT_IF_FREE,
-        (*_lease_values(project, outcome.lease), project, key, tx.now_ms, project, key,
+        (*_lease_values(project, guess.lease), project, key, tx.now_ms, project, key,
          tx.now_ms),
     )
-    yield
-    if sent.rowcount:
-        known.put(project, outcome.lease)
-        report_grant(tx, project, outcome.lease)
-        return AcquireResult(outcome)
-    fencing.give_back(tx, outcome.lease.fencing_token)
-    yield
-    current, waiting, delayed = load_line_and_delay(tx, project, key)
-    outcome = _decide_and_write(tx, known, project, key, request, current, waiting, delayed)
-    if isinstance(outcome, Granted) or place is None:
-        return AcquireResult(outcome)
-    return AcquireResult(outcome, join_line(tx, project, key, request, place))
+
+    def answer() -> AcquireResult | Undecided:
+        if sent.rowcount:
+            known.put(project, guess.lease)
+            report_grant(tx, project, guess.lease)
+            return AcquireResult(guess)
+        fencing.give_back(tx, guess.lease.fencing_token)
+        return UNDECIDED
+
+    def otherwise() -> AcquireResult:
+        current, waiting, delayed = load_line_and_delay(tx, project, key)
+        outcome = _decide_and_write(tx, known, project, key, request, current, waiting, delayed)
+        if isinstance(outcome, Granted) or place is None:
+            return AcquireResult(outcome)
+        return AcquireResult(outcome, join_line(tx, project, key, request, place))
+
+    return Step(answer, otherwise)
 
 
 def retry_waiter(
@@ -276,56 +309,71 @@ def _send_expiry(tx: Tx, project: str, before: Lease, after: Lease) -> Cursor:
 
 def renew(
     tx: Tx, known: KnownLeases, project: str, key: str, lock_token: str, ttl_seconds: int
-) -> Generator[None, None, Lease]:
-    """A batch step operation: first a guarded update of the lease this writer
-    last wrote, then, if that was stale, the row decides."""
+) -> Step[Lease]:
+    """A step operation: first a guarded update of the lease this writer last
+    wrote, then, if that was stale, the row decides."""
     remembered = known.get(project, key)
-    sent: tuple[Cursor, Lease] | None = None
+    sent: Cursor | None = None
+    guess: Lease | None = None
     if remembered is not None:
         try:
-            renewed = rules.decide_renew(remembered, lock_token, ttl_seconds, tx.now_ms, None)
+            guess = rules.decide_renew(remembered, lock_token, ttl_seconds, tx.now_ms, None)
         except (LeaseLost, LeaseExpired):
             pass  # maybe stale (renewed or ended elsewhere): the row decides below
         else:
-            sent = (_send_expiry(tx, project, remembered, renewed), renewed)
-    yield
-    if sent is not None and sent[0].rowcount > 0:
-        known.put(project, sent[1])
-        return sent[1]
-    yield
-    current = load_lease(tx, project, key)
-    reason = None
-    if current is None or current.lock_token != lock_token:
-        reason = ended.reason(tx, project, key, lock_token)
-    renewed = rules.decide_renew(current, lock_token, ttl_seconds, tx.now_ms, reason)
-    assert current is not None  # decide_renew raised otherwise
-    _send_expiry(tx, project, current, renewed)
-    known.put(project, renewed)
-    return renewed
+            sent = _send_expiry(tx, project, remembered, guess)
+
+    def answer() -> Lease | Undecided:
+        if sent is not None and guess is not None and sent.rowcount > 0:
+            known.put(project, guess)
+            return guess
+        return UNDECIDED
+
+    def otherwise() -> Lease:
+        current = load_lease(tx, project, key)
+        reason = None
+        if current is None or current.lock_token != lock_token:
+            reason = ended.reason(tx, project, key, lock_token)
+        renewed = rules.decide_renew(current, lock_token, ttl_seconds, tx.now_ms, reason)
+        assert current is not None  # decide_renew raised otherwise
+        _send_expiry(tx, project, current, renewed)
+        known.put(project, renewed)
+        return renewed
+
+    return Step(answer, otherwise)
 
 
 def release(
     tx: Tx, known: KnownLeases, project: str, key: str, lock_token: str
-) -> Generator[None, None, bool]:
-    """A batch step operation of one statement."""
+) -> Step[bool]:
+    """A step operation decided by its first statement."""
     sent = tx.execute(
         f"DELETE FROM locks WHERE project = ? AND key = ? AND lock_token = ? "
         f"RETURNING {_LEASE_COLUMNS}",
         (project, key, lock_token),
     )
-    yield
-    row = sent.fetchone()
-    if row is None:
-        return False
-    known.forget(project, key)
-    # A dead lease not yet reaped ends here just as the reaper would end it.
-    lease = _lease(row)
-    released = rules.holds(lease, lock_token, tx.now_ms)
-    reason = EndReason.RELEASED if released else EndReason.EXPIRED
-    ended.remember(tx, project, key, lock_token, lease.fencing_token, reason, lease.acquired_ms)
-    start_delay(tx, project, lease, reason)
-    tx.events.append(lock_freed(project, key))
-    return released
+
+    def answer() -> bool:
+        row = sent.fetchone()
+        if row is None:
+            return False
+        known.forget(project, key)
+        # A dead lease not yet reaped ends here just as the reaper would end it.
+        lease = _lease(row)
+        released = rules.holds(lease, lock_token, tx.now_ms)
+        reason = EndReason.RELEASED if released else EndReason.EXPIRED
+        ended.remember(
+            tx, project, key, lock_token, lease.fencing_token, reason, lease.acquired_ms
+        )
+        start_delay(tx, project, lease, reason)
+        tx.events.append(lock_freed(project, key))
+        return released
+
+    return Step(answer, _never)
+
+
+def _never() -> Any:
+    raise AssertionError("this step operation is always decided by its first statement")
 
 
 def force_release(
@@ -370,11 +418,14 @@ def holder_of(tx: Tx, lease: Lease) -> KeyRef:
     if lease.key_id is None:
         return KeyRef(None, None)
     row = tx.execute("SELECT name FROM api_keys WHERE id = ?", (lease.key_id,)).fetchone()
-    return KeyRef(lease.key_id, None if row is None else row[0])
+    if row is None:
+        return KeyRef(lease.key_id, None)
+    (name,) = row
+    return KeyRef(lease.key_id, name)
 
 
-def _waiter(row: Any) -> WaiterView:
-    return WaiterView(KeyRef(row[0], row[1]), row[2], row[3])
+def _waiter(key_id: str | None, name: str | None, since_ms: int, gives_up_ms: int) -> WaiterView:
+    return WaiterView(KeyRef(key_id, name), since_ms, gives_up_ms)
 
 
 def line_of(tx: Tx, project: str, key: str) -> tuple[WaiterView, ...]:
@@ -384,7 +435,7 @@ def line_of(tx: Tx, project: str, key: str) -> tuple[WaiterView, ...]:
         "WHERE w.project = ? AND w.key = ? AND w.alive_until_ms > ? ORDER BY w.ticket LIMIT ?",
         (project, key, tx.now_ms, LINE_SHOWN),
     ).fetchall()
-    return tuple(_waiter(row) for row in rows)
+    return tuple(_waiter(*row) for row in rows)
 
 
 def _lines_between(
@@ -401,8 +452,8 @@ def _lines_between(
         (project, first, last, tx.now_ms, LINE_SHOWN),
     ).fetchall()
     lines: dict[str, list[WaiterView]] = {}
-    for row in rows:
-        lines.setdefault(row[0], []).append(_waiter(row[1:]))
+    for key, key_id, name, since_ms, gives_up_ms, _ticket, _place in rows:
+        lines.setdefault(key, []).append(_waiter(key_id, name, since_ms, gives_up_ms))
     return lines
 
 
@@ -413,21 +464,22 @@ def list_views(
     # exactly the keys starting with prefix (names are ASCII; byte-order collation).
     low = max(prefix, after or "")
     rows = tx.execute(
-        f"SELECT {', '.join('l.' + c for c in _LEASE_COLUMNS.split(', '))}, "
+        f"SELECT {columns(_LeaseRow, 'l')}, "
         "(SELECT COUNT(*) FROM lock_waiters w "
         "WHERE w.project = l.project AND w.key = l.key AND w.alive_until_ms > ?), k.name "
         "FROM locks l LEFT JOIN api_keys k ON k.id = l.key_id WHERE l.project = ? "
         "AND l.key >= ? AND l.key < ? AND l.key > ? AND l.dies_ms > ? ORDER BY l.key LIMIT ?",
         (tx.now_ms, project, low, prefix + "\U0010ffff", after or "", tx.now_ms, limit),
     ).fetchall()
-    waited = [row[0] for row in rows if row[_AFTER_LEASE]]
+    found = [(_lease(row), *row[_AFTER_LEASE:]) for row in rows]
+    waited = [lease.key for lease, waiting, _ in found if waiting]
     lines = _lines_between(tx, project, waited[0], waited[-1]) if waited else {}
     return [
         LockView(
-            row[0], _lease(row), int(row[_AFTER_LEASE]), tx.now_ms,
-            KeyRef(row[9], row[_AFTER_LEASE + 1]), tuple(lines.get(row[0], ())),
+            lease.key, lease, int(waiting), tx.now_ms, KeyRef(lease.key_id, holder_name),
+            tuple(lines.get(lease.key, ())),
         )
-        for row in rows
+        for lease, waiting, holder_name in found
     ]
 
 
@@ -460,17 +512,21 @@ def end_lease(tx: Tx, project: str, lease: Lease, reason: EndReason) -> None:
     tx.events.append(lock_freed(project, lease.key))
 
 
-def reap(tx: Tx, known: KnownLeases, forget_before_ms: int | None) -> int:
-    """Free leases dead by the store's clock and drop dead waiters.
+def reap(tx: Tx, known: KnownLeases, bound: int) -> tuple[int, bool]:
+    """Free leases dead by the store's clock and drop dead waiters, at most
+    `bound` of each kind (leases, lock delays, waiters);
+    return how many leases were freed, and whether a bound was reached (more
+    may be left for the next pass).
 
-    Contract: deletes exactly the leases that are dead now; running it twice, or
-    on two servers at once, frees nothing twice."""
-    dead = tx.execute(
-        f"DELETE FROM locks WHERE dies_ms <= ? RETURNING project, {_LEASE_COLUMNS}",
-        (tx.now_ms,),
-    ).fetchall()
+    Contract: deletes only leases that are dead now; running it twice, or on
+    two servers at once, frees nothing twice."""
+    dead, more = delete_oldest(
+        tx, "locks", "project, key", "dies_ms", tx.now_ms, bound,
+        f"{_LEASE_COLUMNS}, project",
+    )
     for row in dead:
-        project, lease = row[0], _lease(row[1:])
+        lease = _lease(row)
+        (project,) = row[_AFTER_LEASE:]
         known.forget(project, lease.key)
         ended.remember(
             tx, project, lease.key, lease.lock_token, lease.fencing_token, EndReason.EXPIRED,
@@ -479,17 +535,14 @@ def reap(tx: Tx, known: KnownLeases, forget_before_ms: int | None) -> int:
         start_delay(tx, project, lease, EndReason.EXPIRED)
         tx.events.append(lock_freed(project, lease.key))
     # Locks whose delay is over: their lines may go now (SPEC §3.9).
-    delays_over = tx.execute(
-        "DELETE FROM lock_delays WHERE until_ms <= ? RETURNING project, key", (tx.now_ms,)
-    ).fetchall()
+    delays_over, more_delays = delete_oldest(
+        tx, "lock_delays", "project, key", "until_ms", tx.now_ms, bound, "project, key"
+    )
     for project, key in delays_over:
         tx.events.append(lock_freed(project, key))
-    gone = tx.execute(
-        "DELETE FROM lock_waiters WHERE alive_until_ms <= ? RETURNING project, key",
-        (tx.now_ms,),
-    ).fetchall()
+    gone, more_waiters = delete_oldest(
+        tx, "lock_waiters", "ticket", "alive_until_ms", tx.now_ms, bound, "project, key"
+    )
     for project, key in {(p, k) for p, k in gone}:
         tx.events.append(lock_freed(project, key))
-    if forget_before_ms is not None:
-        tx.execute("DELETE FROM ended_leases WHERE ended_ms < ?", (forget_before_ms,))
-    return len(dead)
+    return len(dead), more or more_delays or more_waiters

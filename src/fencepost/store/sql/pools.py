@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from fencepost.core import governor as gov
 from fencepost.core import slots as rules
@@ -15,28 +15,88 @@ from fencepost.errors import NotFound
 from fencepost.events import Ended, Granted, PoolChanged
 from fencepost.store.base import PoolStats, PoolView, SlotAttempt, SlotReport, pool_freed
 from fencepost.store.batch import Tx
+from fencepost.store.sql.bounded import delete_oldest
 from fencepost.store.sql.replicas import Place
+from fencepost.store.sql.rows import columns, width
 
-_CONFIG_COLUMNS = (
-    "slot_limit, queue_size, queue_timeout_ms, term_ms, renew_interval_ms, "
-    "request_timeout_ms, rpm, adaptive, min_limit"
-)
-# The governor's state, in GovernorState's order (see _governor), then the pacing clock.
-_GOVERNOR_FIELDS = (
-    "gov_limit", "gov_plateau", "gov_last_decrease_ms", "gov_hold_ms", "paused_until_ms",
-    "learned_rpm", "window_reset_ms", "gov_window_ms", "paused_since_ms", "probe_gap_ms",
-    "next_probe_ms", "gov_ok_hold_ms", "gov_base_hold_ms", "last_success_ms", "hinted_streak",
-    "hint_source", "hint_retry_after_ms", "hint_at_ms", "probe_since_ms", "gov_probe_hold_ms",
-    "latency_bound", "last_throttle_ms",
-)
-_GOVERNOR_COLUMNS = ", ".join((*_GOVERNOR_FIELDS, "pace_tat_ms"))
-_N_CONFIG = 9
-_N_GOVERNOR = len(_GOVERNOR_FIELDS) + 1
-_STATS_COLUMNS = (
-    "released, reclaimed, status_1xx, status_2xx, status_3xx, status_4xx, status_5xx, "
-    "status_429, throttled, last_retry_after_ms, last_reported_ms"
-)
-_SLOT_COLUMNS = "slot_id, pool, acquired_ms, lease_deadline_ms, request_deadline_ms"
+
+class _ConfigRow(NamedTuple):
+    """A pool's configuration columns (see rows.py)."""
+
+    slot_limit: int
+    queue_size: int
+    queue_timeout_ms: int
+    term_ms: int
+    renew_interval_ms: int | None
+    request_timeout_ms: int
+    rpm: int | None
+    adaptive: int
+    min_limit: int
+
+
+class _GovernorRow(NamedTuple):
+    """What a pool's governor learned (GovernorState, as stored)."""
+
+    gov_limit: float | None
+    gov_plateau: float | None
+    gov_last_decrease_ms: int
+    gov_hold_ms: float | None
+    paused_until_ms: int
+    learned_rpm: int | None
+    window_reset_ms: int | None
+    gov_window_ms: int | None
+    paused_since_ms: int
+    probe_gap_ms: int
+    next_probe_ms: int
+    gov_ok_hold_ms: float | None
+    gov_base_hold_ms: float | None
+    last_success_ms: int
+    hinted_streak: int
+    hint_source: str | None
+    hint_retry_after_ms: int | None
+    hint_at_ms: int | None
+    probe_since_ms: int
+    gov_probe_hold_ms: float | None
+    latency_bound: int
+    last_throttle_ms: int
+
+
+class _StatsRow(NamedTuple):
+    """A pool's statistics columns."""
+
+    released: int
+    reclaimed: int
+    status_1xx: int
+    status_2xx: int
+    status_3xx: int
+    status_4xx: int
+    status_5xx: int
+    status_429: int
+    throttled: int
+    last_retry_after_ms: int | None
+    last_reported_ms: int | None
+
+
+class _SlotRow(NamedTuple):
+    """A `slots` row's columns (those of Slot)."""
+
+    slot_id: str
+    pool: str
+    acquired_ms: int
+    lease_deadline_ms: int
+    request_deadline_ms: int
+
+
+_CONFIG_COLUMNS = columns(_ConfigRow)
+# A pool row as read: its configuration, its governor, then its pacing clock
+# (GCRA: when the next paced admission is due); counts may follow.
+_POOL_COLUMNS = f"{_CONFIG_COLUMNS}, {columns(_GovernorRow)}, pace_tat_ms"
+_AFTER_CONFIG = width(_ConfigRow)
+_AFTER_GOVERNOR = _AFTER_CONFIG + width(_GovernorRow)
+_AFTER_POOL = _AFTER_GOVERNOR + 1
+_STATS_COLUMNS = columns(_StatsRow)
+_SLOT_COLUMNS = columns(_SlotRow)
+_AFTER_SLOT = width(_SlotRow)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,43 +133,50 @@ def new_slot_id() -> str:
     return "slot_" + secrets.token_urlsafe(24)
 
 
-def _config(row: Any) -> PoolConfig:
+def _config(r: _ConfigRow) -> PoolConfig:
     return PoolConfig(
-        limit=row[0], queue_size=row[1], queue_timeout_ms=row[2], term_ms=row[3],
-        renew_interval_ms=row[4], request_timeout_ms=row[5], rpm=row[6],
-        adaptive=bool(row[7]), min_limit=row[8],
+        limit=r.slot_limit, queue_size=r.queue_size, queue_timeout_ms=r.queue_timeout_ms,
+        term_ms=r.term_ms, renew_interval_ms=r.renew_interval_ms,
+        request_timeout_ms=r.request_timeout_ms, rpm=r.rpm, adaptive=bool(r.adaptive),
+        min_limit=r.min_limit,
     )
 
 
-def _governor(row: Any, config: PoolConfig) -> GovernorState:
+def _governor(r: _GovernorRow, config: PoolConfig) -> GovernorState:
     hint = None
-    if row[15] is not None:
-        hint = Hint(source=row[15], retry_after_ms=int(row[16]), at_ms=int(row[17]))
+    if r.hint_source is not None:
+        # A hint's three columns are written together (see _governor_values).
+        assert r.hint_retry_after_ms is not None and r.hint_at_ms is not None
+        hint = Hint(
+            source=r.hint_source, retry_after_ms=int(r.hint_retry_after_ms),
+            at_ms=int(r.hint_at_ms),
+        )
     return GovernorState(
-        limit=float(row[0]) if row[0] is not None else float(config.limit),
-        plateau=row[1],
-        last_decrease_ms=row[2],
-        hold_ms=row[3],
-        paused_until_ms=row[4],
-        learned_rpm=row[5],
-        window_reset_ms=row[6],
-        window_ms=row[7],
-        paused_since_ms=row[8],
-        probe_gap_ms=row[9],
-        next_probe_ms=row[10],
-        ok_hold_ms=row[11],
-        base_hold_ms=row[12],
-        last_success_ms=row[13],
-        hinted_streak=row[14],
+        limit=float(r.gov_limit) if r.gov_limit is not None else float(config.limit),
+        plateau=r.gov_plateau,
+        last_decrease_ms=r.gov_last_decrease_ms,
+        hold_ms=r.gov_hold_ms,
+        paused_until_ms=r.paused_until_ms,
+        learned_rpm=r.learned_rpm,
+        window_reset_ms=r.window_reset_ms,
+        window_ms=r.gov_window_ms,
+        paused_since_ms=r.paused_since_ms,
+        probe_gap_ms=r.probe_gap_ms,
+        next_probe_ms=r.next_probe_ms,
+        ok_hold_ms=r.gov_ok_hold_ms,
+        base_hold_ms=r.gov_base_hold_ms,
+        last_success_ms=r.last_success_ms,
+        hinted_streak=r.hinted_streak,
         last_hint=hint,
-        probe_since_ms=row[18],
-        probe_hold_ms=row[19],
-        latency_bound=bool(row[20]),
-        last_throttle_ms=row[21],
+        probe_since_ms=r.probe_since_ms,
+        probe_hold_ms=r.gov_probe_hold_ms,
+        latency_bound=bool(r.latency_bound),
+        last_throttle_ms=r.last_throttle_ms,
     )
 
 
 def _governor_values(g: GovernorState) -> tuple[Any, ...]:
+    """`g` as stored, in _GovernorRow's order."""
     hint = g.last_hint
     return (
         g.limit, g.plateau, g.last_decrease_ms, g.hold_ms, g.paused_until_ms, g.learned_rpm,
@@ -121,7 +188,7 @@ def _governor_values(g: GovernorState) -> tuple[Any, ...]:
 
 
 _SAVE_GOVERNOR = (
-    f"UPDATE pools SET {', '.join(f + ' = ?' for f in _GOVERNOR_FIELDS)} "
+    f"UPDATE pools SET {', '.join(f + ' = ?' for f in _GovernorRow._fields)} "
     "WHERE project = ? AND name = ?"
 )
 
@@ -130,32 +197,39 @@ def _save_governor(tx: Tx, project: str, pool: str, g: GovernorState) -> None:
     tx.execute(_SAVE_GOVERNOR, (*_governor_values(g), project, pool))
 
 
-def _stats(row: Any) -> PoolStats:
+def _stats(r: _StatsRow) -> PoolStats:
     return PoolStats(
-        released=row[0],
-        reclaimed=row[1],
-        statuses={"1xx": row[2], "2xx": row[3], "3xx": row[4], "4xx": row[5], "5xx": row[6]},
-        status_429=row[7],
-        throttled=row[8],
-        last_retry_after_ms=row[9],
-        last_reported_ms=row[10],
+        released=r.released,
+        reclaimed=r.reclaimed,
+        statuses={
+            "1xx": r.status_1xx, "2xx": r.status_2xx, "3xx": r.status_3xx,
+            "4xx": r.status_4xx, "5xx": r.status_5xx,
+        },
+        status_429=r.status_429,
+        throttled=r.throttled,
+        last_retry_after_ms=r.last_retry_after_ms,
+        last_reported_ms=r.last_reported_ms,
     )
 
 
 def _slot(row: Any) -> Slot:
-    return Slot(row[0], row[1], row[2], row[3], row[4])
+    """The slot of a row that starts with the slot columns."""
+    r = _SlotRow._make(row[:_AFTER_SLOT])
+    return Slot(r.slot_id, r.pool, r.acquired_ms, r.lease_deadline_ms, r.request_deadline_ms)
 
 
 def _pool(row: Any, pool: str) -> _Pool:
+    """The pool of a row that starts with _POOL_COLUMNS; NotFound without a row."""
     if row is None:
         raise NotFound(f"No pool named {pool!r}.")
-    config = _config(row[:_N_CONFIG])
-    governor = row[_N_CONFIG:_N_CONFIG + _N_GOVERNOR]
-    return _Pool(config, _governor(governor, config), float(governor[-1]))
+    config = _config(_ConfigRow._make(row[:_AFTER_CONFIG]))
+    governor = _governor(_GovernorRow._make(row[_AFTER_CONFIG:_AFTER_GOVERNOR]), config)
+    (pace_tat_ms,) = row[_AFTER_GOVERNOR:_AFTER_POOL]
+    return _Pool(config, governor, float(pace_tat_ms))
 
 
 _LOAD_WITH_COUNTS = (
-    f"SELECT {_CONFIG_COLUMNS}, {_GOVERNOR_COLUMNS}, "
+    f"SELECT {_POOL_COLUMNS}, "
     "(SELECT COUNT(*) FROM slots s WHERE s.project = ? AND s.pool = ? "
     "AND s.lease_deadline_ms > ?), "
     "(SELECT COUNT(*) FROM slot_waiters w WHERE w.project = ? AND w.pool = ? "
@@ -174,8 +248,9 @@ def load_with_counts(
         _LOAD_WITH_COUNTS,
         (project, pool, tx.now_ms, project, pool, tx.now_ms, ahead, project, pool),
     ).fetchone()
-    counts = _N_CONFIG + _N_GOVERNOR
-    return _pool(row, pool), int(row[counts]), int(row[counts + 1])
+    state = _pool(row, pool)
+    used, ahead_of_it = row[_AFTER_POOL:]
+    return state, int(used), int(ahead_of_it)
 
 
 def view(tx: Tx, project: str, pool: str) -> PoolView | None:
@@ -192,7 +267,7 @@ def view(tx: Tx, project: str, pool: str) -> PoolView | None:
         in_use=used,
         queued=queued,
         effective_limit=state.limit,
-        stats=_stats(row),
+        stats=_stats(_StatsRow._make(row)),
         now_ms=tx.now_ms,
         governor=state.governor,
         effective_rpm=state.rpm,
@@ -289,8 +364,8 @@ def _try_admit(
         return _admit(tx, project, pool, state, used)
     if blocked_ms is None:
         deadlines = [
-            row[0]
-            for row in tx.execute(
+            deadline
+            for (deadline,) in tx.execute(
                 "SELECT request_deadline_ms FROM slots WHERE project = ? AND pool = ? "
                 "AND lease_deadline_ms > ?",
                 (project, pool, now),
@@ -317,12 +392,12 @@ def acquire(tx: Tx, project: str, pool: str, place: Place | None) -> SlotAttempt
 
 
 def _join_line(tx: Tx, project: str, pool: str, place: Place) -> int:
-    row = tx.execute(
+    (ticket,) = tx.execute(
         "INSERT INTO slot_waiters (project, pool, alive_until_ms, replica) VALUES (?, ?, ?, ?) "
         "RETURNING ticket",
         (project, pool, tx.now_ms + place.alive_ms, place.replica),
     ).fetchone()
-    return int(row[0])
+    return int(ticket)
 
 
 def retry_waiter(tx: Tx, project: str, pool: str, ticket: int, place: Place) -> SlotAttempt:
@@ -362,26 +437,28 @@ def drop_waiters_of(tx: Tx, replica: str) -> None:
 
 
 _POOL_AND_SLOT = (
-    f"SELECT {_CONFIG_COLUMNS}, {_GOVERNOR_COLUMNS}, s.project, "
-    f"{', '.join('s.' + c for c in _SLOT_COLUMNS.split(', '))} "
+    f"SELECT {_POOL_COLUMNS}, {columns(_SlotRow, 's')}, s.project "
     "FROM pools p LEFT JOIN slots s ON s.slot_id = ? WHERE p.project = ? AND p.name = ?"
 )
 
 
 def _own_slot(project: str, pool: str, row: Any) -> Slot | None:
-    """The slot if it exists and is this project's and pool's; NotFound if it is
-    someone else's; None when it is gone."""
-    if row[0] is None:
+    """The slot of a row of slot columns and the slot's project, if it exists
+    and is this project's and pool's; NotFound if it is someone else's; None
+    when it is gone."""
+    (owner,) = row[_AFTER_SLOT:]
+    if owner is None:
         return None
-    if row[0] != project or row[2] != pool:
+    slot = _slot(row)
+    if owner != project or slot.pool != pool:
         raise NotFound("No such slot in this pool.")
-    return _slot(row[1:])
+    return slot
 
 
 def _load_with_slot(tx: Tx, project: str, pool: str, slot_id: str) -> tuple[_Pool, Slot | None]:
     row = tx.execute(_POOL_AND_SLOT, (slot_id, project, pool)).fetchone()
     state = _pool(row, pool)  # NotFound without the pool
-    return state, _own_slot(project, pool, row[_N_CONFIG + _N_GOVERNOR:])
+    return state, _own_slot(project, pool, row[_AFTER_POOL:])
 
 
 def renew(tx: Tx, project: str, pool: str, slot_id: str) -> Slot:
@@ -468,7 +545,7 @@ def _record_release(tx: Tx, project: str, pool: str, report: SlotReport | None) 
         args += [report.report_json, tx.now_ms]
     row = tx.execute(
         f"UPDATE pools SET {', '.join(sets)} WHERE project = ? AND name = ? "
-        f"RETURNING {_CONFIG_COLUMNS}, {_GOVERNOR_COLUMNS}",
+        f"RETURNING {_POOL_COLUMNS}",
         (*args, project, pool),
     ).fetchone()
     return _pool(row, pool)
@@ -482,22 +559,22 @@ def _count_reclaimed(tx: Tx, project: str, pool: str, count: int) -> None:
     tx.events.append(Ended("slot", project, pool, "reclaimed", None, tx.origin, count))
 
 
-def reap(tx: Tx) -> int:
-    """Reclaim slots past their lease deadline and drop dead waiters."""
-    dead = tx.execute(
-        "DELETE FROM slots WHERE lease_deadline_ms <= ? RETURNING project, pool",
-        (tx.now_ms,),
-    ).fetchall()
+def reap(tx: Tx, bound: int) -> tuple[int, bool]:
+    """Reclaim slots past their lease deadline and drop dead waiters, at most
+    `bound` of each; return how many slots were reclaimed, and whether a bound
+    was reached (more may be left for the next pass)."""
+    dead, more = delete_oldest(
+        tx, "slots", "slot_id", "lease_deadline_ms", tx.now_ms, bound, "project, pool"
+    )
     per_pool: dict[tuple[str, str], int] = {}
     for project, pool in dead:
         per_pool[(project, pool)] = per_pool.get((project, pool), 0) + 1
     for (project, pool), count in per_pool.items():
         _count_reclaimed(tx, project, pool, count)
         tx.events.append(pool_freed(project, pool))
-    gone = tx.execute(
-        "DELETE FROM slot_waiters WHERE alive_until_ms <= ? RETURNING project, pool",
-        (tx.now_ms,),
-    ).fetchall()
+    gone, more_waiters = delete_oldest(
+        tx, "slot_waiters", "ticket", "alive_until_ms", tx.now_ms, bound, "project, pool"
+    )
     for project, pool in {(p, n) for p, n in gone}:
         tx.events.append(pool_freed(project, pool))
-    return len(dead)
+    return len(dead), more or more_waiters

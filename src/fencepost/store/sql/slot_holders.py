@@ -42,6 +42,8 @@ def list_slots(tx: Tx, project: str, pool: str) -> list[SlotHolderView]:
         (project, pool, tx.now_ms),
     ).fetchall()
     return [
-        SlotHolderView(slot_id_prefix(row[0]), KeyRef(row[1], row[2]), row[3], row[4], row[5])
-        for row in rows
+        SlotHolderView(slot_id_prefix(slot_id), KeyRef(key_id, key_name), acquired_ms,
+                       lease_deadline_ms, request_deadline_ms)
+        for slot_id, key_id, key_name, acquired_ms, lease_deadline_ms, request_deadline_ms
+        in rows
     ]
