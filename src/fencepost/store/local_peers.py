@@ -29,6 +29,7 @@ import errno
 import json
 import os
 import socket
+import struct
 import sys
 import tempfile
 from typing import Any, Callable
@@ -41,7 +42,21 @@ from fencepost.store.sql.replicas import new_replica_id
 # the socket buffer in a few datagrams.
 EVENTS_PER_DATAGRAM = 64
 _MAX_DATAGRAM = 65536
+_READS_PER_TURN = 256
 _ABSTRACT = sys.platform == "linux"
+# struct ucred: pid, uid, gid (three C ints), sent along with SO_PASSCRED.
+_UCRED = struct.Struct("3i")
+_CREDENTIALS = socket.CMSG_SPACE(_UCRED.size) if _ABSTRACT else 0
+
+
+def _from_this_user(ancillary: list[tuple[int, int, bytes]]) -> bool:
+    if not _ABSTRACT:
+        return True  # the socket file is this user's alone (mode 0600)
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS \
+                and len(data) >= _UCRED.size:
+            return bool(_UCRED.unpack_from(data)[1] == os.getuid())
+    return False
 
 
 def _address(replica: str) -> str | bytes:
@@ -103,18 +118,27 @@ class LocalPeers:
         `deliver`, on `loop`."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         sock.setblocking(False)
+        if _ABSTRACT:
+            # An abstract name has no file permissions: any local user can
+            # send to it. The kernel stamps each datagram with its sender's
+            # uid, and only this user's are read.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         sock.bind(_address(self.replica))
+        if not _ABSTRACT:
+            os.chmod(_address(self.replica), 0o600)
         self._socket, self._loop = sock, loop
 
         def readable() -> None:
             events: list[Freed] = []
-            while True:
+            for _ in range(_READS_PER_TURN):  # a flood must not hold the loop
                 try:
-                    events.extend(decode(sock.recv(_MAX_DATAGRAM)))
+                    datagram, ancillary, _flags, _from = sock.recvmsg(_MAX_DATAGRAM, _CREDENTIALS)
                 except (BlockingIOError, InterruptedError):
                     break
                 except OSError:
                     break
+                if _from_this_user(ancillary):
+                    events.extend(decode(datagram))
             if events:
                 deliver(events)
 
