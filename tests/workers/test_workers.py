@@ -366,6 +366,13 @@ def test_a_bad_worker_count_is_a_usage_error(tmp_path: Path, value: str) -> None
     assert not (tmp_path / "fencepost.db").exists()
 
 
+def test_cores_is_one_worker_per_core_this_process_may_use() -> None:
+    from fencepost.cli.server import WorkerCount
+
+    assert WorkerCount().convert("cores", None, None) == len(os.sched_getaffinity(0))
+    assert WorkerCount().convert(" 3 ", None, None) == 3
+
+
 def _serve(
     tmp_path: Path, *args: str, workers: str = str(WORKERS)
 ) -> subprocess.CompletedProcess[str]:

@@ -273,7 +273,8 @@ def _run(supervisor: Supervisor, port: int, on_ready: Callable[[int], None]) -> 
     while True:
         supervisor.pass_signals_on()
         supervisor.collect_ready(_POLL_S)
-        if not announced and not supervisor.starting() and not supervisor.ended():
+        if not (announced or supervisor.stopping or supervisor.starting()
+                or supervisor.ended()):
             announced = True
             on_ready(port)
         if not announced and not supervisor.stopping and time.monotonic() > deadline:
