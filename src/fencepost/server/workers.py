@@ -43,7 +43,7 @@ import sys
 import tempfile
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import FrameType
 from typing import Callable
 
@@ -120,7 +120,6 @@ class _Worker:
     number: int
     proc: subprocess.Popen[bytes]
     ready_fd: int | None  # closed (None) once the worker said it is ready
-    started: float = field(default_factory=time.monotonic)
     told: bool = False  # its failed exit was logged
 
 
@@ -143,7 +142,6 @@ class Supervisor:
         config = {
             "options": {**self.options.to_json(), "port": port},
             "number": number, "clock_anchor": list(self.anchor), "ready_fd": write_end,
-            "supervisor": os.getpid(),
         }
         try:
             proc = subprocess.Popen(
@@ -165,7 +163,7 @@ class Supervisor:
 
     def collect_ready(self, timeout: float) -> None:
         """Mark the workers that said they are ready (or whose pipe closed:
-        they died, which `reap` reports)."""
+        they died, which the supervising loop then sees)."""
         fds = {w.ready_fd: w for w in self.starting() if w.ready_fd is not None}
         if not fds:
             time.sleep(timeout)
