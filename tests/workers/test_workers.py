@@ -244,6 +244,27 @@ def _pid_of_worker(server: ServerProcess, number: int) -> int:
     raise AssertionError(f"no process is worker {number}")
 
 
+def test_every_worker_notices_a_deleted_store_file(tmp_path: Path) -> None:
+    """SPEC §7.8 in each worker: each watches the file for itself (its own
+    write probe), so none keeps acknowledging into a file that is gone."""
+    server = ServerProcess(tmp_path / "s", workers=WORKERS).start()
+    clients = clients_on_every_worker(server)
+    try:
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{server.db_path}{suffix}").unlink(missing_ok=True)
+        for number, client in clients.items():
+            poll(f"worker {number}'s /readyz at 503",
+                 lambda client=client: client.get("/readyz").status_code == 503, 10)
+            refused = acquire(client, unique_name("lost"), new_token())
+            assert refused.status_code == 503, (number, refused.text)
+            assert refused.json()["error"]["code"] == "store_unavailable"
+            assert client.get("/livez").status_code == 200
+    finally:
+        for client in clients.values():
+            client.close()
+        server.stop()
+
+
 # --- /metrics behind one port ---------------------------------------------------------
 
 
