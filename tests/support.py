@@ -1,20 +1,29 @@
-"""Helpers for tests that talk to a real `fencepost serve` process over HTTP."""
+"""The helpers every test folder shares, each written once: a real `fencepost serve` process
+(ServerProcess, server_fleet) and the leak check on what the tests start, checks of the API's
+answers (the error envelope, 422 details, `_at` times), waiting for a condition (wait_for,
+wait_until), and what to do when a tool is missing (a failure under CI=true, else a skip).
+Folder-specific helpers live beside their tests (cli/cli_support.py, http/lock_support.py, ...)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, NoReturn
 
 import httpx
+import pytest
 
 BOOTSTRAP_KEY = "fp_test_bootstrap_admin_key_0123456789abcdef"
 
@@ -79,15 +88,119 @@ def kill_leftovers() -> None:
             proc.wait(timeout=5)
 
 
-def poll(what: str, attempt: Callable[[], Any], within_s: float, every_s: float = 0.05) -> Any:
-    """The first truthy result of `attempt`, or fail once `within_s` has passed."""
-    deadline = time.monotonic() + within_s
+def missing(what: str) -> NoReturn:
+    """A tool or service the suite needs is absent: a failure under CI=true (so that a check
+    cannot pass by not running), a skip on a developer's machine."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{what} is required under CI=true")
+    pytest.skip(f"{what} is not available")
+
+
+def faketime_library(multithreaded: bool = False) -> str:
+    """The libfaketime the installed `faketime` preloads (its path is built into the wrapper),
+    the variant for multithreaded programs when asked. Tests preload it themselves: the
+    wrapper forks, so a stop signal would miss the server."""
+    tool = shutil.which("faketime")
+    if tool is None:
+        missing("faketime (apt-get install faketime)")
+    variant = ["-m"] if multithreaded else []
+    probe = subprocess.run([tool, *variant, "-f", "+0", "printenv", "LD_PRELOAD"],
+                           capture_output=True, text=True, timeout=30, check=True)
+    library = probe.stdout.strip()
+    assert library, f"faketime preloads nothing? {probe.stderr}"
+    return library
+
+
+@contextlib.contextmanager
+def server_fleet(folder: Path) -> Iterator[Callable[..., ServerProcess]]:
+    """A `start(name, **ServerProcess fields)` that starts a server in `folder/name`; every
+    server it started is stopped on leaving, whatever happened."""
+    made: list[ServerProcess] = []
+
+    def start(name: str = "server", **fields: Any) -> ServerProcess:
+        proc = ServerProcess(folder / name, **fields)
+        made.append(proc)
+        return proc.start()
+
+    try:
+        yield start
+    finally:
+        for proc in made:
+            proc.stop()
+
+
+# --- answers -----------------------------------------------------------------------------------
+
+SNAKE = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$")
+TIME_AT = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
+# The code each status has when an error may come from more than one check (SPEC §2).
+_CODE_OF_STATUS = {400: "invalid_request", 401: "unauthorized", 404: "not_found",
+                   413: "payload_too_large", 422: "validation_error"}
+
+
+def assert_error(resp: httpx.Response, status: int | tuple[int, ...], code: str | None = None
+                 ) -> dict[str, Any]:
+    """`resp` is the error envelope of SPEC §2 with `status` (or one of them) and `code` (by
+    default the code that status has, where it has one); returns the `error` object."""
+    statuses = status if isinstance(status, tuple) else (status,)
+    assert resp.status_code in statuses, (
+        f"expected {statuses} {code or ''}, got {resp.status_code}: {resp.text[:500]}")
+    assert resp.headers.get("content-type", "").startswith("application/json"), resp.headers
+    assert "Traceback" not in resp.text and "<html" not in resp.text.lower()
+    body = resp.json()
+    assert isinstance(body, dict) and set(body) == {"error"}, body
+    err = body["error"]
+    assert isinstance(err, dict), body
+    assert isinstance(err.get("code"), str) and SNAKE.match(err["code"]), body
+    expected = code if code is not None else _CODE_OF_STATUS.get(resp.status_code)
+    if expected is not None:
+        assert err["code"] == expected, body
+    message = err.get("message")
+    assert isinstance(message, str) and message.strip() and "\n" not in message.strip(), body
+    assert resp.headers.get("x-request-id"), resp.headers
+    return dict(err)
+
+
+def detail_fields(err: dict[str, Any]) -> set[str]:
+    """The fields a 422's `details` name, each detail checked for a field and a message."""
+    details = err.get("details")
+    assert isinstance(details, list) and details, f"422 without details: {err}"
+    for item in details:
+        assert isinstance(item, dict) and isinstance(item.get("field"), str), item
+        assert isinstance(item.get("message"), str) and item["message"], item
+    return {item["field"] for item in details}
+
+
+def parse_at(value: Any) -> datetime:
+    """An `_at` field (RFC 3339, milliseconds, Z) as an aware datetime."""
+    assert isinstance(value, str) and TIME_AT.match(value), f"not RFC 3339 ms + Z: {value!r}"
+    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+
+
+# --- waiting -----------------------------------------------------------------------------------
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 5.0, interval: float = 0.02) -> Any:
+    """The first truthy result of `predicate`, or its last one once `timeout` has passed: the
+    caller asserts on it (and says what it waited for)."""
+    deadline = time.monotonic() + timeout
     while True:
-        result = attempt()
-        if result:
-            return result
-        assert time.monotonic() < deadline, f"{what}: not within {within_s} s"
-        time.sleep(every_s)
+        value = predicate()
+        if value or time.monotonic() >= deadline:
+            return value
+        time.sleep(interval)
+
+
+def wait_until(predicate: Callable[[], Any], what: str, timeout: float = 10.0,
+               interval: float = 0.05) -> Any:
+    """The first truthy result of `predicate`; fails naming `what` when none comes within
+    `timeout` seconds."""
+    value = wait_for(predicate, timeout, interval)
+    assert value, f"timed out after {timeout} s waiting for {what}"
+    return value
+
+
+# --- processes and names -----------------------------------------------------------------------
 
 
 def free_port() -> int:
@@ -156,7 +269,7 @@ class ServerProcess:
         env.update(self.extra_env)
         return env
 
-    def start(self, timeout: float = 20.0) -> "ServerProcess":
+    def start(self, timeout: float = 20.0) -> ServerProcess:
         self.spawn()
         try:
             return self.wait_ready(timeout)
@@ -198,7 +311,7 @@ class ServerProcess:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, sig)
 
-    def wait_ready(self, timeout: float = 20.0) -> "ServerProcess":
+    def wait_ready(self, timeout: float = 20.0) -> ServerProcess:
         assert self.proc is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

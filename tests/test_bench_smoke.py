@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from support import missing
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
@@ -29,8 +31,7 @@ def _need_wrk() -> None:
     if os.environ.get("CI") == "true":
         if tools.ensure("wrk", install=True, timeout=120):
             return
-        pytest.fail("wrk is required under CI=true and could not be installed (apt wrk)")
-    pytest.skip("wrk is not installed (apt-get install wrk)")
+    missing("wrk (apt-get install wrk)")
 
 
 @pytest.mark.timeout(300)

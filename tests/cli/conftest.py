@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from cli_support import cli_env
 
+from cli_support import cli_env
 from support import ServerProcess
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from cli_support import assert_clean_failure, cli_env, fp
 
+from cli_support import assert_clean_failure, cli_env, fp
 from support import ServerProcess
 
 BAD = [

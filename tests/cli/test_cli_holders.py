@@ -9,10 +9,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from cli_support import assert_clean_failure, fp, fp_json
-from support import ServerProcess, lock_headers, new_token, unique_name
-
 from fencepost.cli.locks import _describe as describe_lock
 from fencepost.client import LockInfo, Waiter
+from support import ServerProcess, lock_headers, new_token, unique_name
 
 
 def wait_in_line(server: ServerProcess, secret: str, key: str, wait_s: int) -> threading.Thread:

@@ -7,7 +7,6 @@ import re
 import uuid
 
 from cli_support import assert_clean_failure, cli_env, fp, fp_json
-
 from support import ServerProcess, free_port, unique_name
 
 UUID_RE = re.compile(r"lock token: ([0-9a-f-]{36})")

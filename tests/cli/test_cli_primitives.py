@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from cli_support import assert_clean_failure, cli_env, fp, fp_json
-
 from support import ServerProcess, unique_name
 
 

@@ -8,7 +8,6 @@ import re
 import subprocess
 
 from cli_support import assert_clean_failure, cli_env, fp
-
 from support import ServerProcess, unique_name
 
 UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")

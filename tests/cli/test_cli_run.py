@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import httpx
-from cli_support import assert_clean_failure, fp
 
+from cli_support import assert_clean_failure, fp
 from support import ServerProcess, track, unique_name
 
 

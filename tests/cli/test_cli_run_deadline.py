@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_cli_run import wait_for_file
+
 from cli_support import assert_clean_failure, cli_env, fp
 from support import ServerProcess, lock_headers, new_token, track, unique_name
-from test_cli_run import wait_for_file
 
 
 def _stamp(moment: datetime) -> str:

@@ -14,7 +14,6 @@ import uuid
 from pathlib import Path
 
 from cli_support import fp
-
 from support import ServerProcess, unique_name
 
 

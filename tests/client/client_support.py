@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+
 from fencepost.client import Retries
 
 FAST_RETRIES = Retries(attempts=4, budget_s=10, initial_s=0.05, max_backoff_s=0.2)
@@ -102,12 +102,3 @@ def error_response(status: int, code: str, **extra: Any) -> httpx.Response:
     body = {"error": {"code": code, "message": f"injected {code}", **extra}}
     return httpx.Response(status, content=json.dumps(body).encode(),
                           headers={"Content-Type": "application/json"})
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, step: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return predicate()

@@ -6,9 +6,9 @@ from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
-from client_support import FAST_RETRIES, AsyncFaultyTransport, FaultyTransport, Recorder
 
 import fencepost
+from client_support import FAST_RETRIES, AsyncFaultyTransport, FaultyTransport, Recorder
 from support import ServerProcess
 
 
@@ -36,7 +36,8 @@ def client(server: ServerProcess, recorder: Recorder) -> Iterator[fencepost.Clie
 
 
 @pytest.fixture
-async def aclient(server: ServerProcess, recorder: Recorder) -> AsyncIterator[fencepost.AsyncClient]:
+async def aclient(server: ServerProcess,
+                  recorder: Recorder) -> AsyncIterator[fencepost.AsyncClient]:
     """An async client with the admin key, through the recording transport."""
     async with fencepost.AsyncClient(server.base_url, server.admin_key, retries=FAST_RETRIES,
                                      transport=AsyncFaultyTransport(recorder)) as c:

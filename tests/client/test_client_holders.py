@@ -7,11 +7,11 @@ import asyncio
 from datetime import timedelta
 
 import pytest
-from support import ServerProcess, unique_name
 
 import fencepost
 from fencepost.client import KeyHolder, SlotHolder
 from fencepost.errors import NotFound
+from support import ServerProcess, unique_name
 
 
 async def test_get_lock_names_the_holder_and_the_line(server: ServerProcess) -> None:

@@ -10,11 +10,11 @@ from typing import Any
 
 import httpx
 import pytest
-from client_support import FAST_RETRIES, Recorder, wait_until
 
 import fencepost
+from client_support import FAST_RETRIES, Recorder
 from fencepost.errors import LeaseLost, LockHeld
-from support import ServerProcess, unique_name
+from support import ServerProcess, unique_name, wait_for
 
 TTL = 6  # renewed every 2 s
 
@@ -37,8 +37,8 @@ def test_sync_lock_acquires_renews_and_releases(client: fencepost.Client, record
         assert state["held"] and state["fencing_token"] == held.fencing_token
         assert state["operation"] == "report" and state["metadata"] == {"job": 7}
         first_expiry = held.expires_at
-        assert wait_until(lambda: recorder.count("PATCH", key) >= 1, timeout=TTL)
-        assert wait_until(lambda: held.expires_at > first_expiry, timeout=2)
+        assert wait_for(lambda: recorder.count("PATCH", key) >= 1, timeout=TTL)
+        assert wait_for(lambda: held.expires_at > first_expiry, timeout=2)
         assert lock_state(admin_http, key)["fencing_token"] == held.fencing_token
     assert not held.held
     assert lock_state(admin_http, key)["held"] is False
@@ -102,7 +102,7 @@ def test_sync_renewer_stops_when_the_block_exits(client: fencepost.Client,
                                                  recorder: Recorder) -> None:
     key = unique_name()
     with client.lock(key, ttl=5, renew_every=0.3):
-        assert wait_until(lambda: recorder.count("PATCH", key) >= 2, timeout=5)
+        assert wait_for(lambda: recorder.count("PATCH", key) >= 2, timeout=5)
     exited = time.monotonic()
     time.sleep(1.0)
     assert recorder.count("PATCH", key, since=exited) == 0
@@ -122,7 +122,7 @@ def test_sync_renewer_stops_when_its_thread_is_gone(client: fencepost.Client,
     gone = time.monotonic()
     time.sleep(1.0)
     assert recorder.count("PATCH", key, since=gone) == 0
-    assert wait_until(lambda: not client.get_lock(key).held, timeout=8)
+    assert wait_for(lambda: not client.get_lock(key).held, timeout=8)
 
 
 def test_sync_lock_lost_when_the_server_cannot_be_reached(fresh_server: ServerProcess) -> None:

@@ -7,10 +7,10 @@ from __future__ import annotations
 from datetime import datetime
 
 import pytest
-from support import ServerProcess, unique_name
 
 import fencepost
 from fencepost.errors import NotFound, ValidationError
+from support import ServerProcess, unique_name
 
 
 def test_update_pool_changes_only_the_given_fields(client: fencepost.Client) -> None:

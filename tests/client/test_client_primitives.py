@@ -12,7 +12,7 @@ import fencepost
 import fencepost.client
 import fencepost.errors
 from fencepost.errors import Forbidden, LockHeld
-from support import ServerProcess, unique_name
+from support import ServerProcess, unique_name, wait_until
 
 
 def test_fence_check_sync(server: ServerProcess, member_key: str, reader_key: str) -> None:
@@ -87,13 +87,6 @@ def test_refresh_key_by_hand(server: ServerProcess) -> None:
         assert c.whoami().key_id == successor.id
 
 
-def wait_for(predicate, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "not reached in time"
-        time.sleep(0.1)
-
-
 def test_sync_client_refreshes_its_key_before_it_expires(server: ServerProcess) -> None:
     created = server.create_key("member", expires_in_seconds=6, name="auto")
     secrets: list[fencepost.client.CreatedKey] = []
@@ -110,7 +103,8 @@ def test_sync_client_refreshes_its_key_before_it_expires(server: ServerProcess) 
                     return False
                 except fencepost.errors.Unauthorized:
                     return bool(secrets)
-        wait_for(refreshed_and_expired)
+        wait_until(refreshed_and_expired, "a refresh, and the old key to expire", timeout=15.0,
+                   interval=0.1)
         assert c.whoami().key_id == secrets[-1].id  # the client uses its successor now
         assert secrets[0].name == "auto" and secrets[0].role == "member"
 

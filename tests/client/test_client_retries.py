@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from tenacity import RetryCallState, Retrying
+
+import fencepost
 from client_support import (
     AsyncFaultyTransport,
     Fault,
@@ -13,12 +16,9 @@ from client_support import (
     Recorder,
     error_response,
 )
-from tenacity import RetryCallState, Retrying
-
-import fencepost
 from fencepost.client import Retries
+from fencepost.client.calls import Call, decode_flag
 from fencepost.client.retrying import should_retry, tenacity_options
-from fencepost.client.wire import Call, decode_flag
 from fencepost.errors import QuotaExceeded, TransportError, UnexpectedResponse
 from support import ServerProcess, unique_name
 

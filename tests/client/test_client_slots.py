@@ -7,12 +7,12 @@ import asyncio
 
 import httpx
 import pytest
-from client_support import Recorder, wait_until
 
 import fencepost
+from client_support import Recorder
 from fencepost.client.outcome import outcome_from_response
 from fencepost.errors import LeaseLost, QueueTimeout, TooManyRequests
-from support import ServerProcess, unique_name
+from support import ServerProcess, unique_name, wait_for
 
 
 def make_pool(client: fencepost.Client, **config: int) -> str:
@@ -24,13 +24,14 @@ def make_pool(client: fencepost.Client, **config: int) -> str:
 def test_sync_slot_renews_and_releases_with_outcome(client: fencepost.Client,
                                                     recorder: Recorder) -> None:
     pool = make_pool(client, term_ms=1500)
-    upstream = httpx.Response(429, headers={"retry-after": "1", "x-ratelimit-remaining-requests": "0",
+    upstream = httpx.Response(429, headers={"retry-after": "1",
+                                            "x-ratelimit-remaining-requests": "0",
                                             "set-cookie": "secret=1"})
     with client.slot(pool) as slot:
         assert slot.slot_id.startswith("slot_")
         assert slot.grant.pool == pool and slot.grant.renew_interval_ms == 500
         assert client.get_pool(pool).in_use == 1
-        assert wait_until(lambda: recorder.count("POST", "/renew") >= 2, timeout=3)
+        assert wait_for(lambda: recorder.count("POST", "/renew") >= 2, timeout=3)
         outcome = slot.report(upstream)
         slot.report(status=200)
     assert outcome.status == 429 and outcome.throttled == 1

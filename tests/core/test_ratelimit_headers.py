@@ -642,5 +642,6 @@ SOURCES = [
 
 
 @pytest.mark.parametrize(("headers", "source"), SOURCES)
-def test_the_hint_names_the_header_it_came_from(headers: dict[str, Any], source: str | None) -> None:
+def test_the_hint_names_the_header_it_came_from(headers: dict[str, Any],
+                                                source: str | None) -> None:
     assert parse(headers).retry_after_from == source

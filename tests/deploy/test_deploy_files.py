@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from support import missing
+
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 
@@ -25,9 +27,7 @@ def tool(name: str, *fallbacks: str) -> str:
     venv = Path(sys.executable).parent / name
     if venv.exists():
         return str(venv)
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{name} is not installed (.ci/run and the test extra install it)")
-    pytest.skip(f"{name} is not installed")
+    missing(f"{name} (.ci/run and the test extra install it)")
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

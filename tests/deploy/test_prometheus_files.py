@@ -5,17 +5,15 @@ rules cannot drift from the metrics."""
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import httpx
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from support import ServerProcess, unique_name
+from support import ServerProcess, missing, unique_name
 
 PROMETHEUS = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
 
@@ -23,9 +21,7 @@ PROMETHEUS = Path(__file__).resolve().parents[2] / "deploy" / "prometheus"
 def promtool(*args: str) -> subprocess.CompletedProcess[str]:
     tool = shutil.which("promtool")
     if tool is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("promtool is not installed (.ci/run installs Debian's prometheus)")
-        pytest.skip("promtool is not installed")
+        missing("promtool (.ci/run installs Debian's prometheus)")
     return subprocess.run([tool, *args], capture_output=True, text=True, timeout=120,
                           cwd=PROMETHEUS)
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from docs_support import FirstStartServer, Upstream, example_env
+
 from doc_examples import (
     DEFAULT_URL,
     Block,
@@ -20,7 +20,7 @@ from doc_examples import (
     page_name,
     pages,
 )
-
+from docs_support import FirstStartServer, Upstream, example_env
 from support import free_port
 
 STATE = ".docs-shell-state"

@@ -15,8 +15,8 @@ import zipfile
 from pathlib import Path
 
 import httpx
-from doc_examples import ROOT
 
+from doc_examples import ROOT
 from support import BOOTSTRAP_KEY, free_port
 
 

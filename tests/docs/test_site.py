@@ -14,8 +14,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from doc_examples import ROOT, pages
 
+from doc_examples import ROOT, pages
 from support import ServerProcess
 
 

@@ -7,28 +7,25 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import subprocess
-import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 import httpx
 import pytest
 
-from support import ServerProcess, lock_headers, new_token, unique_name
+from support import (
+    ServerProcess,
+    faketime_library,
+    lock_headers,
+    new_token,
+    server_fleet,
+    unique_name,
+)
 
 SOAK = os.environ.get("FENCEPOST_SOAK") == "1"
 ROUNDS = 10 if SOAK else 1
-UNDER_CI = os.environ.get("CI") == "true"
-
-
-def missing(what: str) -> None:
-    """A tool the suite needs is absent: a failure under CI, a skip elsewhere."""
-    if UNDER_CI:
-        pytest.fail(f"{what} is required under CI=true")
-    pytest.skip(f"{what} is not available")
 
 
 def acquire(server: ServerProcess, key: str, token: str, ttl: int = 60) -> httpx.Response:
@@ -45,15 +42,6 @@ def renew(server: ServerProcess, key: str, token: str, ttl: int = 60) -> httpx.R
 
 def get(server: ServerProcess, path: str) -> httpx.Response:
     return httpx.get(f"{server.base_url}{path}", timeout=10)
-
-
-def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    """Poll until `predicate` holds; fail when it does not within `timeout`."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def assert_unavailable(response: httpx.Response) -> None:
@@ -76,16 +64,8 @@ def grant_some(server: ServerProcess, count: int) -> list[tuple[str, int]]:
 def servers(tmp_path: Path) -> Iterator[Callable[..., ServerProcess]]:
     """Start servers (`name`, ServerProcess fields); every one is stopped after
     the test, whatever happened."""
-    made: list[ServerProcess] = []
-
-    def start(name: str = "server", **fields: Any) -> ServerProcess:
-        proc = ServerProcess(tmp_path / name, **fields)
-        made.append(proc)
-        return proc.start()
-
-    yield start
-    for proc in made:
-        proc.stop()
+    with server_fleet(tmp_path) as start:
+        yield start
 
 
 class WallClock:
@@ -98,15 +78,7 @@ class WallClock:
     pass SIGTERM on to the server."""
 
     def __init__(self, folder: Path) -> None:
-        tool = shutil.which("faketime")
-        if tool is None:
-            missing("faketime (apt-get install faketime)")
-        assert tool is not None
-        # The wrapper knows where its library lives; ask it once.
-        probe = subprocess.run([tool, "-m", "-f", "+0", "sh", "-c", "echo $LD_PRELOAD"],
-                               capture_output=True, text=True, timeout=10)
-        self.library = probe.stdout.strip()
-        assert self.library, probe.stderr
+        self.library = faketime_library(multithreaded=True)
         folder.mkdir(parents=True, exist_ok=True)
         self.file = folder / f"faketime-{uuid.uuid4().hex[:8]}.rc"
         self.step(0)

@@ -13,9 +13,9 @@ from typing import Callable, Iterator
 import pytest
 
 from pg_support import temporary_database
-from support import ServerProcess, new_token, unique_name
+from support import ServerProcess, new_token, unique_name, wait_until
 
-from .conftest import ROUNDS, WallClock, acquire, renew, wait_for
+from .conftest import ROUNDS, WallClock, acquire, renew
 
 HOUR = 3600
 
@@ -67,7 +67,7 @@ def test_a_wall_clock_step_neither_frees_nor_lengthens_a_lease(
         moved = at(state["expires_at"]) - at(granted.json()["expires_at"])
         assert timedelta(0) <= moved < timedelta(minutes=1), state
         if store_url is None:  # the SQLite server says it saw the step
-            wait_for(lambda s=server: any(abs(seen - step) < 5 for seen in logged_steps(s)),
+            wait_until(lambda s=server: any(abs(seen - step) < 5 for seen in logged_steps(s)),
                      "the step to be logged")
         clock.step(0)
         assert acquire(server, key, new_token()).status_code == 409

@@ -18,9 +18,9 @@ from typing import Callable, Iterator
 import httpx
 import pytest
 
-from support import ServerProcess, new_token, unique_name
+from support import ServerProcess, new_token, unique_name, wait_until
 
-from .conftest import ROUNDS, acquire, fill, get, small_tmpfs, wait_for
+from .conftest import ROUNDS, acquire, fill, get, small_tmpfs
 
 
 class Full:
@@ -88,11 +88,11 @@ def test_a_full_disk_refuses_writes_loudly_and_loses_nothing(
             refused = write_until_refused()
             assert refused.status_code == 503, refused.text
             assert refused.json()["error"]["code"] == "store_unavailable", refused.text
-            wait_for(lambda: get(server, "/readyz").status_code == 503, "/readyz to turn off")
+            wait_until(lambda: get(server, "/readyz").status_code == 503, "/readyz to turn off")
             assert get(server, "/livez").status_code == 200
         finally:
             full.stop()
-        wait_for(lambda: get(server, "/readyz").status_code == 200, "/readyz to come back")
+        wait_until(lambda: get(server, "/readyz").status_code == 200, "/readyz to come back")
         for _ in range(3):
             key = unique_name("after")
             resp = acquire(server, key, new_token())

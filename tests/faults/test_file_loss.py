@@ -12,9 +12,9 @@ from typing import Callable
 
 import pytest
 
-from support import ServerProcess, new_token, unique_name
+from support import ServerProcess, new_token, unique_name, wait_until
 
-from .conftest import ROUNDS, acquire, assert_unavailable, get, grant_some, renew, wait_for
+from .conftest import ROUNDS, acquire, assert_unavailable, get, grant_some, renew
 
 
 def delete(db: Path) -> None:
@@ -58,7 +58,7 @@ def test_a_lost_store_file_stops_acknowledging(
         FAULTS[fault](server.db_path)
 
         # The next write may race the check; from then on nothing is acknowledged.
-        wait_for(lambda s=server: get(s, "/readyz").status_code == 503, "/readyz to turn off")
+        wait_until(lambda s=server: get(s, "/readyz").status_code == 503, "/readyz to turn off")
         for _ in range(5):
             assert_unavailable(acquire(server, unique_name("void"), new_token()))
         assert_unavailable(renew(server, held_key, holder))
@@ -82,7 +82,7 @@ def test_a_restart_after_the_file_was_deleted_never_reissues_a_token(
     first = servers("store")
     issued = [token for _, token in grant_some(first, 5)]
     delete(first.db_path)
-    wait_for(lambda: get(first, "/readyz").status_code == 503, "/readyz to turn off")
+    wait_until(lambda: get(first, "/readyz").status_code == 503, "/readyz to turn off")
     first.stop()
     # The restarted server finds no store and makes an empty one: every lease
     # is gone (which is why the running one refused to acknowledge), but its

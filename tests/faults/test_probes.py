@@ -10,9 +10,9 @@ import httpx
 import psycopg
 
 from pg_support import ADMIN_URL, temporary_database
-from support import ServerProcess
+from support import ServerProcess, wait_until
 
-from .conftest import get, wait_for
+from .conftest import get
 
 PROBES = ("/livez", "/readyz", "/healthz")
 
@@ -47,12 +47,12 @@ def test_livez_stays_up_while_the_database_is_away(
         replica = servers("replica", store=url)
         try:
             allow_connections(url, False)
-            wait_for(lambda: get(replica, "/readyz").status_code == 503, "/readyz to turn off")
+            wait_until(lambda: get(replica, "/readyz").status_code == 503, "/readyz to turn off")
             assert get(replica, "/readyz").json()["error"]["code"] == "store_unavailable"
             assert get(replica, "/healthz").status_code == 503
             # A database outage must not get the replicas restarted.
             assert get(replica, "/livez").status_code == 200
         finally:
             allow_connections(url, True)
-        wait_for(lambda: get(replica, "/readyz").status_code == 200, "/readyz to come back")
+        wait_until(lambda: get(replica, "/readyz").status_code == 200, "/readyz to come back")
         replica.stop()

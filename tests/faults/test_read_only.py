@@ -18,9 +18,9 @@ import psycopg
 import pytest
 
 from pg_support import ADMIN_URL, temporary_database
-from support import ServerProcess, new_token, unique_name
+from support import ServerProcess, missing, new_token, unique_name, wait_until
 
-from .conftest import ROUNDS, acquire, assert_unavailable, get, grant_some, missing, wait_for
+from .conftest import ROUNDS, acquire, assert_unavailable, get, grant_some
 
 
 def chattr(flag: str, *files: Path) -> None:
@@ -58,10 +58,10 @@ def test_an_immutable_sqlite_store_refuses_writes(
     for _ in range(ROUNDS):
         immutable(files)
         assert_unavailable(acquire(server, unique_name("refused"), new_token()))
-        wait_for(lambda: get(server, "/readyz").status_code == 503, "/readyz to turn off")
+        wait_until(lambda: get(server, "/readyz").status_code == 503, "/readyz to turn off")
         assert get(server, "/livez").status_code == 200
         chattr("-i", *files)
-        wait_for(lambda: get(server, "/readyz").status_code == 200, "/readyz to come back")
+        wait_until(lambda: get(server, "/readyz").status_code == 200, "/readyz to come back")
         granted += grant_some(server, 3)
     assert "Traceback" not in server.stderr_path.read_text()
     server.stop()
@@ -97,11 +97,11 @@ def test_a_postgresql_database_that_refuses_writes_gets_503(
                 assert_unavailable(resp)
                 return "read-only" in resp.text
 
-            wait_for(refused_as_read_only, "writes to be refused as read-only")
-            wait_for(lambda: get(replica, "/readyz").status_code == 503, "/readyz to turn off")
+            wait_until(refused_as_read_only, "writes to be refused as read-only")
+            wait_until(lambda: get(replica, "/readyz").status_code == 503, "/readyz to turn off")
             assert get(replica, "/livez").status_code == 200
             set_read_only(url, False)
-            wait_for(lambda: get(replica, "/readyz").status_code == 200, "/readyz to come back")
+            wait_until(lambda: get(replica, "/readyz").status_code == 200, "/readyz to come back")
             granted += grant_some(replica, 3)
         with replica.client() as c:
             for key, token in granted:

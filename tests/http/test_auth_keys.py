@@ -3,37 +3,26 @@
 from __future__ import annotations
 
 import math
-import re
 import secrets
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 import pytest
 
-from support import BOOTSTRAP_KEY, ServerProcess, lock_headers, new_token, unique_name
+from support import (
+    BOOTSTRAP_KEY,
+    ServerProcess,
+    assert_error,
+    lock_headers,
+    new_token,
+    parse_at,
+    unique_name,
+)
 
-TIME_AT = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
 KEY_FIELDS = {"id", "key", "role", "name", "project", "expires_at", "allow_ips", "rpm_quota",
               "created_at"}
-
-
-def assert_error(resp: httpx.Response, status: int, code: str) -> dict[str, Any]:
-    assert resp.status_code == status, (
-        f"expected {status} {code}, got {resp.status_code}: {resp.text[:500]}")
-    assert resp.headers.get("content-type", "").startswith("application/json"), resp.headers
-    body = resp.json()
-    assert isinstance(body, dict) and set(body) == {"error"}, body
-    err = body["error"]
-    assert err.get("code") == code, body
-    assert isinstance(err.get("message"), str) and err["message"].strip(), body
-    return dict(err)
-
-
-def parse_at(value: str) -> datetime:
-    assert isinstance(value, str) and TIME_AT.match(value), value
-    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc)
 
 
 def raw_client(server: ServerProcess, headers: dict[str, str] | None = None) -> httpx.Client:
@@ -423,7 +412,7 @@ def test_create_key_response_fields(server: ServerProcess) -> None:
     assert body["allow_ips"] == ["127.0.0.1/32", "10.0.0.0/8"]
     assert body["rpm_quota"] == 500
     created_at, expires_at = parse_at(body["created_at"]), parse_at(body["expires_at"])
-    assert abs((created_at - datetime.now(timezone.utc)).total_seconds()) < 60
+    assert abs((created_at - datetime.now(UTC)).total_seconds()) < 60
     assert abs((expires_at - created_at).total_seconds() - 3600) <= 2, (created_at, expires_at)
     me = whoami(server, body["key"]).json()
     assert me == {"project": "default", "key_id": body["id"], "role": "member",

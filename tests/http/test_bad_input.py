@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
-import re
 import socket
 import uuid
 from datetime import datetime
@@ -15,10 +14,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from support import ServerProcess, lock_headers, new_token, unique_name
-
-SNAKE = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$")
-
+from support import ServerProcess, assert_error, detail_fields, lock_headers, new_token, unique_name
 
 # --- helpers ---------------------------------------------------------------------------------
 
@@ -42,40 +38,6 @@ def _close_clients() -> Iterator[None]:
         client.close()
     _CLIENTS.clear()
 
-
-
-def assert_error(resp: httpx.Response, status: int | tuple[int, ...], code: str | None = None
-                 ) -> dict[str, Any]:
-    statuses = status if isinstance(status, tuple) else (status,)
-    assert resp.status_code in statuses, (
-        f"expected {statuses} {code or ''}, got {resp.status_code}: {resp.text[:500]}")
-    assert resp.headers.get("content-type", "").startswith("application/json"), resp.headers
-    assert "Traceback" not in resp.text
-    body = resp.json()
-    assert isinstance(body, dict) and set(body) == {"error"}, body
-    err = body["error"]
-    assert isinstance(err.get("code"), str) and SNAKE.match(err["code"]), body
-    if code is not None:
-        assert err["code"] == code, body
-    else:
-        expected = {400: "invalid_request", 401: "unauthorized", 404: "not_found",
-                    413: "payload_too_large", 422: "validation_error"}.get(resp.status_code)
-        if expected:
-            assert err["code"] == expected, body
-    assert isinstance(err.get("message"), str) and err["message"].strip(), body
-    return dict(err)
-
-
-def detail_fields(err: dict[str, Any]) -> set[str]:
-    details = err.get("details")
-    assert isinstance(details, list) and details, f"422 without details: {err}"
-    names: set[str] = set()
-    for item in details:
-        assert isinstance(item, dict) and isinstance(item.get("field"), str), item
-        assert isinstance(item.get("message"), str) and item["message"], item
-        names.add(item["field"])
-        names.add(re.split(r"[./]", item["field"])[-1])
-    return names
 
 
 def assert_invalid(resp: httpx.Response) -> None:

@@ -10,11 +10,11 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
-from support import ServerProcess, free_port, lock_headers, new_token, unique_name
+
+from support import ServerProcess, free_port, lock_headers, missing, new_token, unique_name
 
 # The test's client connects from a second loopback address, so that the
 # trusted proxy (127.0.0.1, HAProxy's own source address) and the caller differ.
@@ -42,9 +42,7 @@ def haproxy_binary() -> str:
     found = shutil.which("haproxy") or ("/usr/sbin/haproxy"
                                         if os.path.exists("/usr/sbin/haproxy") else None)
     if found is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("haproxy is not installed (.ci/run installs Debian's haproxy)")
-        pytest.skip("haproxy is not installed (apt-get install haproxy)")
+        missing("haproxy (.ci/run installs Debian's haproxy)")
     return found
 
 

@@ -8,42 +8,15 @@ import re
 import socket
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 import pytest
 
-from support import ServerProcess, lock_headers, new_token, unique_name
+from support import ServerProcess, assert_error, lock_headers, new_token, parse_at, unique_name
 
 MAX_BODY = 64 * 1024
-TIME_AT = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
-SNAKE = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$")
-
-
-def assert_envelope(resp: httpx.Response, status: int, code: str) -> dict[str, Any]:
-    assert resp.status_code == status, (
-        f"expected {status} {code}, got {resp.status_code}: {resp.text[:500]}")
-    assert resp.headers.get("content-type", "").startswith("application/json"), resp.headers
-    text = resp.text
-    assert "Traceback" not in text and "<html" not in text.lower()
-    body = resp.json()
-    assert isinstance(body, dict) and set(body) == {"error"}, body
-    err = body["error"]
-    assert isinstance(err, dict), body
-    assert isinstance(err.get("code"), str) and SNAKE.match(err["code"]), body
-    assert err["code"] == code, body
-    message = err.get("message")
-    assert isinstance(message, str) and message.strip() and "\n" not in message.strip(), body
-    assert resp.headers.get("x-request-id"), resp.headers
-    return dict(err)
-
-
-def parse_at(value: str) -> datetime:
-    assert isinstance(value, str) and TIME_AT.match(value), value
-    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc)
-
-
 def raw_exchange(port: int, head: bytes, body: bytes = b"", timeout: float = 10.0
                  ) -> tuple[int, dict[str, str], bytes]:
     """Sends `head` and `body` on a fresh socket, never more; reads one response.
@@ -185,12 +158,12 @@ def test_envelope_400(server: ServerProcess) -> None:
     with server.client() as c:
         resp = c.put(f"/v1/locks/{unique_name('e')}/lease", headers=lock_headers(),
                      content=b'{"ttl_seconds": ')
-    assert_envelope(resp, 400, "invalid_request")
+    assert_error(resp, 400, "invalid_request")
 
 
 def test_envelope_401(server: ServerProcess) -> None:
     resp = httpx.get(f"{server.base_url}/v1/locks", timeout=30)
-    assert_envelope(resp, 401, "unauthorized")
+    assert_error(resp, 401, "unauthorized")
 
 
 def test_envelope_403(server: ServerProcess) -> None:
@@ -198,7 +171,7 @@ def test_envelope_403(server: ServerProcess) -> None:
     with server.client(reader["key"]) as c:
         resp = c.put(f"/v1/locks/{unique_name('e')}/lease", headers=lock_headers(),
                      json={"ttl_seconds": 30})
-    assert_envelope(resp, 403, "forbidden")
+    assert_error(resp, 403, "forbidden")
 
 
 @pytest.mark.parametrize("path", ["/v1/no-such-route", "/nope", "/v1", "/v1/locks/a/b/c",
@@ -207,7 +180,7 @@ def test_envelope_403(server: ServerProcess) -> None:
 def test_envelope_404_unknown_route(server: ServerProcess, path: str) -> None:
     with server.client() as c:
         resp = c.get(path)
-    assert_envelope(resp, 404, "not_found")
+    assert_error(resp, 404, "not_found")
 
 
 def unknown_key_id(server: ServerProcess) -> str:
@@ -223,7 +196,7 @@ def unknown_key_id(server: ServerProcess) -> str:
 def test_envelope_404_unknown_key_id(server: ServerProcess) -> None:
     with server.client() as c:
         resp = c.delete(f"/v1/keys/{unknown_key_id(server)}")
-    assert_envelope(resp, 404, "not_found")
+    assert_error(resp, 404, "not_found")
 
 
 @pytest.mark.parametrize("method,path", [
@@ -239,7 +212,7 @@ def test_envelope_405_wrong_method(server: ServerProcess, method: str, path: str
     with server.client() as c:
         resp = c.request(method, path.format(name=name), headers=lock_headers(),
                          json={"ttl_seconds": 30} if method in ("POST", "PUT", "PATCH") else None)
-    assert_envelope(resp, 405, "method_not_allowed")
+    assert_error(resp, 405, "method_not_allowed")
     assert lock_state(server, name)["held"] is False
 
 
@@ -265,7 +238,7 @@ def test_envelope_409_lock_held_with_retry_after(server: ServerProcess) -> None:
                       json={"ttl_seconds": 30, "operation": "deploy"})
         assert first.status_code == 201, first.text
         resp = c.put(f"/v1/locks/{name}/lease", headers=lock_headers(), json={"ttl_seconds": 30})
-    err = assert_envelope(resp, 409, "lock_held")
+    err = assert_error(resp, 409, "lock_held")
     assert err["operation"] == "deploy"
     assert isinstance(err["expires_in_ms"], int) and 0 < err["expires_in_ms"] <= 30_000
     retry_after = resp.headers.get("retry-after")
@@ -280,7 +253,7 @@ def test_envelope_413(server: ServerProcess) -> None:
     body = json.dumps({"ttl_seconds": 30, "metadata": {"pad": "x" * (MAX_BODY + 10)}})
     with server.client() as c:
         resp = c.put(f"/v1/locks/{name}/lease", headers=lock_headers(), content=body.encode())
-    assert_envelope(resp, 413, "payload_too_large")
+    assert_error(resp, 413, "payload_too_large")
     assert lock_state(server, name)["held"] is False
 
 
@@ -288,7 +261,7 @@ def test_envelope_422(server: ServerProcess) -> None:
     with server.client() as c:
         resp = c.put(f"/v1/locks/{unique_name('e')}/lease", headers=lock_headers(),
                      json={"ttl_seconds": 4})
-    err = assert_envelope(resp, 422, "validation_error")
+    err = assert_error(resp, 422, "validation_error")
     assert isinstance(err.get("details"), list) and err["details"], err
 
 
@@ -297,7 +270,7 @@ def test_envelope_429(server: ServerProcess) -> None:
     with server.client(limited["key"]) as c:
         assert c.get("/v1/whoami").status_code == 200
         resp = c.get("/v1/whoami")
-    err = assert_envelope(resp, 429, "quota_exceeded")
+    err = assert_error(resp, 429, "quota_exceeded")
     retry_after = resp.headers.get("retry-after")
     assert retry_after is not None and retry_after.isdigit() and int(retry_after) >= 1
     assert isinstance(err.get("retry_after_ms"), int) and err["retry_after_ms"] > 0
@@ -405,7 +378,7 @@ def test_time_fields_are_rfc3339_ms_z(server: ServerProcess) -> None:
                                        ("acquired_at", "expires_at", "deadline_at"))
         assert abs(expires - acquired - timedelta(seconds=30)) <= timedelta(milliseconds=1)
         assert abs(deadline - acquired - timedelta(days=90)) <= timedelta(milliseconds=1)
-        assert abs((acquired - datetime.now(timezone.utc)).total_seconds()) < 60
+        assert abs((acquired - datetime.now(UTC)).total_seconds()) < 60
         state = c.get(f"/v1/locks/{name}").json()
         for field in ("acquired_at", "expires_at", "deadline_at"):
             assert state[field] == body[field]
@@ -436,7 +409,7 @@ def test_body_one_byte_over_64_kib_is_413(server: ServerProcess) -> None:
     with server.client() as c:
         resp = c.put(f"/v1/locks/{name}/lease", headers=lock_headers(),
                      content=padded_acquire_body(MAX_BODY + 1))
-    assert_envelope(resp, 413, "payload_too_large")
+    assert_error(resp, 413, "payload_too_large")
     assert lock_state(server, name)["held"] is False
     assert_still_serving(server)
 
@@ -451,7 +424,7 @@ def test_large_body_is_413_on_body_routes(server: ServerProcess, method: str, pa
     body = json.dumps({"ttl_seconds": 30, "role": "reader", "name": "x" * (200 * 1024)}).encode()
     with server.client() as c:
         resp = c.request(method, path.format(name=name), headers=lock_headers(), content=body)
-        assert_envelope(resp, 413, "payload_too_large")
+        assert_error(resp, 413, "payload_too_large")
         assert len(c.get("/v1/keys").json()["keys"]) == before
     assert lock_state(server, name)["held"] is False
 

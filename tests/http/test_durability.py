@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from support import ServerProcess, lock_headers, new_token, unique_name
+from lock_support import release, renew
+from support import ServerProcess, assert_error, lock_headers, new_token, unique_name, wait_for
 
 
 @pytest.fixture(params=[1, 2], ids=["one-process", "two-workers"])
@@ -24,37 +24,9 @@ def crashable(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Server
     proc.stop()
 
 
-def error_of(resp: httpx.Response, status: int, code: str) -> dict[str, Any]:
-    assert resp.status_code == status, resp.text
-    body = resp.json()
-    assert set(body) == {"error"}, body
-    err = body["error"]
-    assert err["code"] == code, body
-    assert isinstance(err["message"], str) and err["message"], body
-    return dict(err)
-
-
 def acquire(c: httpx.Client, key: str, token: str, ttl: int = 600, **body: Any) -> httpx.Response:
     return c.put(f"/v1/locks/{key}/lease", headers=lock_headers(token),
                  json={"ttl_seconds": ttl, **body})
-
-
-def renew(c: httpx.Client, key: str, token: str, ttl: int) -> httpx.Response:
-    return c.patch(f"/v1/locks/{key}/lease", headers=lock_headers(token),
-                   json={"ttl_seconds": ttl})
-
-
-def release(c: httpx.Client, key: str, token: str) -> httpx.Response:
-    return c.delete(f"/v1/locks/{key}/lease", headers={"X-Lock-Token": token})
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 5.0, interval: float = 0.02) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() >= deadline:
-            return value
-        time.sleep(interval)
 
 
 def test_acknowledged_grants_renewals_and_releases_survive_kill9(
@@ -111,12 +83,12 @@ def test_acknowledged_grants_renewals_and_releases_survive_kill9(
             again = acquire(c, key, token)
             assert again.status_code == 200, again.text
             assert again.json()["fencing_token"] == grant["fencing_token"]
-            error_of(acquire(c, key, new_token()), 409, "lock_held")
+            assert_error(acquire(c, key, new_token()), 409, "lock_held")
         assert c.get(f"/v1/locks/{a}").json()["metadata"] == {"host": "h1"}
         assert c.get(f"/v1/locks/{d}").json()["held"] is False
         assert c.get(f"/v1/locks/{e}").json()["held"] is False
-        error_of(renew(c, d, d_tok, 30), 409, "lease_lost")
-        error_of(renew(c, e, e_tok, 30), 409, "lease_lost")
+        assert_error(renew(c, d, d_tok, 30), 409, "lease_lost")
+        assert_error(renew(c, e, e_tok, 30), 409, "lease_lost")
         r = renew(c, b, b_tok, 120)
         assert r.status_code == 200, r.text
         assert r.json()["fencing_token"] == held[b][1]["fencing_token"]
@@ -274,7 +246,7 @@ def test_sigterm_answers_a_parked_waiter_503_and_exits_0(fresh_server: ServerPro
     waiter.join(10)
     assert not waiter.is_alive()
     assert "error" not in outcome, outcome.get("error")
-    error_of(outcome["response"], 503, "shutting_down")
+    assert_error(outcome["response"], 503, "shutting_down")
 
     # A clean stop loses nothing either.
     srv.start()

@@ -12,28 +12,6 @@ from support import ServerProcess, lock_headers, new_token, unique_name
 FIELDS = {"key", "token", "current", "live_token", "reason"}
 
 
-@pytest.fixture(scope="module")
-def member_key(server: ServerProcess) -> str:
-    return str(server.create_key("member", name="fence-tests")["key"])
-
-
-@pytest.fixture(scope="module")
-def reader_key(server: ServerProcess) -> str:
-    return str(server.create_key("reader", name="fence-reader")["key"])
-
-
-@pytest.fixture
-def member(server: ServerProcess, member_key: str) -> Any:
-    with server.client(member_key) as c:
-        yield c
-
-
-@pytest.fixture
-def reader(server: ServerProcess, reader_key: str) -> Any:
-    with server.client(reader_key) as c:
-        yield c
-
-
 def acquire(c: httpx.Client, key: str, token: str, ttl: int = 30) -> dict[str, Any]:
     resp = c.put(f"/v1/locks/{key}/lease", headers=lock_headers(token), json={"ttl_seconds": ttl})
     assert resp.status_code == 201, resp.text

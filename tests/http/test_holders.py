@@ -3,28 +3,13 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 import pytest
-from support import ServerProcess, lock_headers, new_token, unique_name
 
-
-def parse_at(value: Any) -> datetime:
-    assert isinstance(value, str) and value.endswith("Z"), value
-    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
-
-
-def poll(predicate: Callable[[], Any], timeout: float = 5.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() >= deadline:
-            return value
-        time.sleep(0.05)
+from support import ServerProcess, lock_headers, new_token, parse_at, unique_name, wait_for
 
 
 def acquire(c: httpx.Client, key: str, token: str, **body: Any) -> httpx.Response:
@@ -49,7 +34,7 @@ def keys(server: ServerProcess) -> Keys:
 def other_project_key(server: ServerProcess) -> str:
     secret = server.create_project(unique_name("proj"))
     # Running servers accept a project made in the store within 2 s.
-    assert poll(lambda: server.client(secret).get("/v1/whoami").status_code == 200)
+    assert wait_for(lambda: server.client(secret).get("/v1/whoami").status_code == 200)
     return secret
 
 
@@ -83,9 +68,9 @@ def test_holder_and_line_name_keys_never_tokens(keys: Keys, client_of: Any) -> N
     holder_token, bob_token, nameless_token = new_token(), new_token(), new_token()
     assert acquire(alice, key, holder_token).status_code == 201
     bob_waits = park(bob, key, bob_token, 30)
-    assert poll(lambda: reader.get(f"/v1/locks/{key}").json()["waiters"] == 1)
+    assert wait_for(lambda: reader.get(f"/v1/locks/{key}").json()["waiters"] == 1)
     nameless_waits = park(nameless, key, nameless_token, 5)
-    assert poll(lambda: reader.get(f"/v1/locks/{key}").json()["waiters"] == 2)
+    assert wait_for(lambda: reader.get(f"/v1/locks/{key}").json()["waiters"] == 2)
     resp = reader.get(f"/v1/locks/{key}")
     assert resp.status_code == 200, resp.text
     state = resp.json()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from support import ServerProcess, track
 
 FLOODERS = 50

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from support import ServerProcess, unique_name
+from support import ServerProcess, unique_name, wait_until
 
 KEY_FIELDS = {"id", "key", "role", "name", "project", "expires_at", "allow_ips", "rpm_quota",
               "created_at"}
@@ -27,13 +27,6 @@ def refresh(server: ServerProcess, key: str, **kwargs: Any) -> httpx.Response:
 def whoami(server: ServerProcess, key: str) -> httpx.Response:
     with server.client(key) as c:
         return c.get("/v1/whoami")
-
-
-def wait_until(predicate: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("role", ["reader", "member", "admin"])
@@ -95,7 +88,8 @@ def test_a_revoked_or_expired_key_cannot_refresh(server: ServerProcess) -> None:
         assert admin.delete(f"/v1/keys/{revoked['id']}").status_code == 200
     assert refresh(server, revoked["key"]).status_code == 401
     expiring = server.create_key("member", expires_in_seconds=1)
-    wait_until(lambda: whoami(server, expiring["key"]).status_code == 401)
+    wait_until(lambda: whoami(server, expiring["key"]).status_code == 401,
+               "the expiring key to be refused")
     assert refresh(server, expiring["key"]).status_code == 401
     assert refresh(server, "fp_not_a_key_0000000000000000000000").status_code == 401
 
@@ -105,7 +99,8 @@ def test_the_old_key_works_until_its_own_expiry(server: ServerProcess) -> None:
     time.sleep(3)
     successor = refresh(server, original["key"]).json()  # lives 6 s from now
     assert whoami(server, original["key"]).status_code == 200
-    wait_until(lambda: whoami(server, original["key"]).status_code == 401)
+    wait_until(lambda: whoami(server, original["key"]).status_code == 401,
+               "the original key to be refused")
     assert whoami(server, successor["key"]).status_code == 200
 
 

@@ -13,17 +13,6 @@ import pytest
 from support import ServerProcess, lock_headers, new_token, unique_name
 
 
-@pytest.fixture(scope="module")
-def member_key(server: ServerProcess) -> str:
-    return str(server.create_key("member", name="delay-tests")["key"])
-
-
-@pytest.fixture
-def member(server: ServerProcess, member_key: str) -> Any:
-    with server.client(member_key) as c:
-        yield c
-
-
 def at_ms(value: str) -> int:
     moment = datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
     return round(moment.timestamp() * 1000)

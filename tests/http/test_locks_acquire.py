@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -14,9 +13,17 @@ from typing import Any
 import httpx
 import pytest
 
-from support import ServerProcess, lock_headers, new_token, unique_name
+from lock_support import acquire
+from support import (
+    ServerProcess,
+    assert_error,
+    detail_fields,
+    lock_headers,
+    new_token,
+    parse_at,
+    unique_name,
+)
 
-TS_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
 GRANT_FIELDS = {
     "key", "fencing_token", "acquired_at", "expires_at", "deadline_at", "operation", "on_expiry",
 }
@@ -24,46 +31,8 @@ NINETY_DAYS = timedelta(days=90)
 ONE_MS = timedelta(milliseconds=1)
 
 
-def parse_ts(value: Any) -> datetime:
-    assert isinstance(value, str) and TS_RE.match(value), f"not RFC 3339 ms + Z: {value!r}"
-    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
-
-
-def acquire(c: httpx.Client, key: str, token: str, ttl: int = 30, **body: Any) -> httpx.Response:
-    return c.put(f"/v1/locks/{key}/lease", headers=lock_headers(token),
-                 json={"ttl_seconds": ttl, **body})
-
-
-def error_of(resp: httpx.Response, status: int, code: str) -> dict[str, Any]:
-    assert resp.status_code == status, resp.text
-    assert resp.headers["content-type"].startswith("application/json")
-    body = resp.json()
-    assert set(body) == {"error"}, body
-    err = body["error"]
-    assert err["code"] == code, body
-    assert isinstance(err["message"], str) and err["message"], body
-    return dict(err)
-
-
-def detail_fields(err: dict[str, Any]) -> set[str]:
-    details = err.get("details")
-    assert isinstance(details, list) and details, err
-    return {d["field"] for d in details}
-
-
 def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-@pytest.fixture(scope="module")
-def member_key(server: ServerProcess) -> str:
-    return str(server.create_key("member", name="acquire-tests")["key"])
-
-
-@pytest.fixture
-def member(server: ServerProcess, member_key: str) -> Any:
-    with server.client(member_key) as c:
-        yield c
 
 
 # --- new grant ---------------------------------------------------------------------------------
@@ -83,9 +52,9 @@ def test_new_grant_is_201_with_exactly_the_documented_fields(member: httpx.Clien
     assert body["operation"] == "deploy"
     assert body["on_expiry"] == "release"
 
-    acquired = parse_ts(body["acquired_at"])
-    expires = parse_ts(body["expires_at"])
-    deadline = parse_ts(body["deadline_at"])
+    acquired = parse_at(body["acquired_at"])
+    expires = parse_at(body["expires_at"])
+    deadline = parse_at(body["deadline_at"])
     # Same machine: the server clock and ours agree to well within a few seconds.
     assert before - timedelta(seconds=2) <= acquired <= after + timedelta(seconds=2)
     assert abs(expires - (acquired + timedelta(seconds=30))) <= ONE_MS
@@ -98,7 +67,8 @@ def test_grant_echoes_keep_and_defaults_operation_to_null(member: httpx.Client) 
     body = resp.json()
     assert body["on_expiry"] == "keep"
     assert body["operation"] is None
-    assert abs(parse_ts(body["expires_at"]) - (parse_ts(body["acquired_at"]) + timedelta(seconds=5))) <= ONE_MS
+    expected = parse_at(body["acquired_at"]) + timedelta(seconds=5)
+    assert abs(parse_at(body["expires_at"]) - expected) <= ONE_MS
 
 
 def test_grant_with_all_optional_fields_is_visible_on_inspect(member: httpx.Client) -> None:
@@ -120,7 +90,7 @@ def test_max_ttl_lease_expires_exactly_at_its_deadline(member: httpx.Client) -> 
     resp = acquire(member, unique_name(), new_token(), ttl=7776000)
     assert resp.status_code == 201, resp.text
     body = resp.json()
-    assert abs(parse_ts(body["expires_at"]) - parse_ts(body["deadline_at"])) <= ONE_MS
+    assert abs(parse_at(body["expires_at"]) - parse_at(body["deadline_at"])) <= ONE_MS
 
 
 def test_min_ttl_and_longest_name_are_accepted(member: httpx.Client) -> None:
@@ -170,7 +140,7 @@ def test_other_token_gets_409_lock_held_with_operation_and_retry_after(
     assert acquire(member, key, new_token(), ttl=30, operation="deploy").status_code == 201
 
     resp = acquire(member, key, new_token(), ttl=30)
-    err = error_of(resp, 409, "lock_held")
+    err = assert_error(resp, 409, "lock_held")
     assert err["operation"] == "deploy"
     assert is_int(err["expires_in_ms"]) and 0 < err["expires_in_ms"] <= 30_000
     assert is_int(err["retry_after_ms"]) and 0 < err["retry_after_ms"] <= 30_000
@@ -183,7 +153,7 @@ def test_other_token_gets_409_lock_held_with_operation_and_retry_after(
 def test_lock_held_carries_null_operation_when_holder_gave_none(member: httpx.Client) -> None:
     key = unique_name()
     assert acquire(member, key, new_token(), ttl=30).status_code == 201
-    err = error_of(acquire(member, key, new_token()), 409, "lock_held")
+    err = assert_error(acquire(member, key, new_token()), 409, "lock_held")
     assert err["operation"] is None
 
 
@@ -191,7 +161,7 @@ def test_failed_acquire_does_not_disturb_the_holder(member: httpx.Client) -> Non
     key, token = unique_name(), new_token()
     first = acquire(member, key, token, ttl=30, operation="deploy")
     assert first.status_code == 201
-    error_of(acquire(member, key, new_token(), ttl=300, operation="x"), 409, "lock_held")
+    assert_error(acquire(member, key, new_token(), ttl=300, operation="x"), 409, "lock_held")
     state = member.get(f"/v1/locks/{key}").json()
     assert state["fencing_token"] == first.json()["fencing_token"]
     assert state["expires_at"] == first.json()["expires_at"]
@@ -211,7 +181,7 @@ def test_overdue_keep_lease_stays_held_with_negative_expiry_and_no_retry_after(
     time.sleep(max(0.0, granted_at + 6.0 - time.monotonic()))
 
     other = acquire(member, key, new_token(), ttl=30)
-    err = error_of(other, 409, "lock_held")
+    err = assert_error(other, 409, "lock_held")
     assert err["operation"] == "long-deploy"
     assert is_int(err["expires_in_ms"]) and err["expires_in_ms"] < 0
     assert "retry-after" not in other.headers, other.headers
@@ -289,7 +259,7 @@ def test_64_concurrent_acquirers_exactly_one_wins(server: ServerProcess, member_
     losers = [r for _, r in results if r.status_code != 201]
     assert len(winners) == 1, [r.status_code for _, r in results]
     for r in losers:
-        error_of(r, 409, "lock_held")
+        assert_error(r, 409, "lock_held")
 
     win_token, win_resp = winners[0]
     with server.client(member_key) as c:
@@ -306,7 +276,7 @@ def test_reader_may_not_acquire(server: ServerProcess) -> None:
     reader = server.create_key("reader")["key"]
     key = unique_name()
     with server.client(reader) as c:
-        error_of(acquire(c, key, new_token()), 403, "forbidden")
+        assert_error(acquire(c, key, new_token()), 403, "forbidden")
         assert c.get(f"/v1/locks/{key}").json()["held"] is False
 
 
@@ -314,7 +284,7 @@ def test_unauthenticated_acquire_is_401(server: ServerProcess) -> None:
     key = unique_name()
     resp = httpx.put(f"{server.base_url}/v1/locks/{key}/lease", headers=lock_headers(),
                      json={"ttl_seconds": 30})
-    error_of(resp, 401, "unauthorized")
+    assert_error(resp, 401, "unauthorized")
 
 
 @pytest.mark.parametrize(
@@ -327,10 +297,11 @@ def test_unauthenticated_acquire_is_401(server: ServerProcess) -> None:
     ],
     ids=["no-lock-token", "no-request-id", "bad-lock-token", "bad-request-id"],
 )
-def test_missing_or_malformed_headers_are_400(member: httpx.Client, headers: dict[str, str]) -> None:
+def test_missing_or_malformed_headers_are_400(member: httpx.Client,
+                                              headers: dict[str, str]) -> None:
     key = unique_name()
     resp = member.put(f"/v1/locks/{key}/lease", headers=headers, json={"ttl_seconds": 30})
-    error_of(resp, 400, "invalid_request")
+    assert_error(resp, 400, "invalid_request")
     assert member.get(f"/v1/locks/{key}").json()["held"] is False
 
 
@@ -338,7 +309,7 @@ def test_missing_or_malformed_headers_are_400(member: httpx.Client, headers: dic
 def test_body_that_is_not_json_is_400(member: httpx.Client, content: bytes) -> None:
     resp = member.put(f"/v1/locks/{unique_name()}/lease", headers={
         **lock_headers(), "Content-Type": "application/json"}, content=content)
-    error_of(resp, 400, "invalid_request")
+    assert_error(resp, 400, "invalid_request")
 
 
 @pytest.mark.parametrize(
@@ -368,7 +339,7 @@ def test_invalid_fields_are_422_naming_the_field(
 ) -> None:
     key = unique_name()
     resp = member.put(f"/v1/locks/{key}/lease", headers=lock_headers(), json=body)
-    err = error_of(resp, 422, "validation_error")
+    err = assert_error(resp, 422, "validation_error")
     assert field in detail_fields(err), err
     assert member.get(f"/v1/locks/{key}").json()["held"] is False
 
@@ -376,7 +347,7 @@ def test_invalid_fields_are_422_naming_the_field(
 def test_422_names_every_offending_field(member: httpx.Client) -> None:
     resp = member.put(f"/v1/locks/{unique_name()}/lease", headers=lock_headers(),
                       json={"ttl_seconds": 1, "on_expiry": "nope", "colour": "red"})
-    err = error_of(resp, 422, "validation_error")
+    err = assert_error(resp, 422, "validation_error")
     assert {"ttl_seconds", "on_expiry", "colour"} <= detail_fields(err), err
 
 
@@ -386,7 +357,7 @@ def test_422_names_every_offending_field(member: httpx.Client) -> None:
 )
 def test_lock_name_breaking_the_naming_rule_is_422(member: httpx.Client, key: str) -> None:
     resp = member.put(f"/v1/locks/{key}/lease", headers=lock_headers(), json={"ttl_seconds": 30})
-    err = error_of(resp, 422, "validation_error")
+    err = assert_error(resp, 422, "validation_error")
     assert "key" in detail_fields(err), err
 
 

@@ -2,83 +2,31 @@
 
 from __future__ import annotations
 
-import re
 import time
-from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 import pytest
 
-from support import ServerProcess, lock_headers, new_token, unique_name
+from lock_support import acquire
+from support import (
+    ServerProcess,
+    assert_error,
+    lock_headers,
+    new_token,
+    parse_at,
+    unique_name,
+    wait_for,
+)
 
-TS_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
 STATE_FIELDS = {
     "key", "held", "fencing_token", "operation", "acquired_at", "expires_at", "deadline_at",
     "on_expiry", "overdue", "metadata", "waiters", "holder", "line",
 }
 
 
-def parse_ts(value: Any) -> datetime:
-    assert isinstance(value, str) and TS_RE.match(value), f"not RFC 3339 ms + Z: {value!r}"
-    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
-
-
-def error_of(resp: httpx.Response, status: int, code: str) -> dict[str, Any]:
-    assert resp.status_code == status, resp.text
-    body = resp.json()
-    assert set(body) == {"error"}, body
-    err = body["error"]
-    assert err["code"] == code, body
-    assert isinstance(err["message"], str) and err["message"], body
-    return dict(err)
-
-
 def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def acquire(c: httpx.Client, key: str, token: str, ttl: int = 30, **body: Any) -> httpx.Response:
-    return c.put(f"/v1/locks/{key}/lease", headers=lock_headers(token),
-                 json={"ttl_seconds": ttl, **body})
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 3.0, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() >= deadline:
-            return value
-        time.sleep(interval)
-
-
-@pytest.fixture(scope="module")
-def member_key(server: ServerProcess) -> str:
-    return str(server.create_key("member", name="inspect-force-tests")["key"])
-
-
-@pytest.fixture(scope="module")
-def reader_key(server: ServerProcess) -> str:
-    return str(server.create_key("reader", name="inspect-force-reader")["key"])
-
-
-@pytest.fixture
-def member(server: ServerProcess, member_key: str) -> Any:
-    with server.client(member_key) as c:
-        yield c
-
-
-@pytest.fixture
-def reader(server: ServerProcess, reader_key: str) -> Any:
-    with server.client(reader_key) as c:
-        yield c
-
-
-@pytest.fixture
-def admin(server: ServerProcess) -> Any:
-    with server.client() as c:
-        yield c
 
 
 # --- GET /v1/locks/{key} -----------------------------------------------------------------------
@@ -120,7 +68,7 @@ def test_held_lock_shows_its_lease_and_never_the_lock_token(
     assert body["expires_at"] == g["expires_at"]
     assert body["deadline_at"] == g["deadline_at"]
     for name in ("acquired_at", "expires_at", "deadline_at"):
-        parse_ts(body[name])
+        parse_at(body[name])
     assert body["on_expiry"] == "release"
     assert body["overdue"] is False
     assert body["metadata"] == metadata
@@ -140,13 +88,13 @@ def test_released_lock_reads_as_not_held(member: httpx.Client) -> None:
 
 
 def test_inspect_with_a_bad_name_is_422(reader: httpx.Client) -> None:
-    err = error_of(reader.get("/v1/locks/-bad"), 422, "validation_error")
+    err = assert_error(reader.get("/v1/locks/-bad"), 422, "validation_error")
     assert {d["field"] for d in err["details"]} == {"key"}
 
 
 def test_inspect_needs_a_key(server: ServerProcess) -> None:
-    error_of(httpx.get(f"{server.base_url}/v1/locks/{unique_name()}"), 401, "unauthorized")
-    error_of(httpx.get(f"{server.base_url}/v1/locks"), 401, "unauthorized")
+    assert_error(httpx.get(f"{server.base_url}/v1/locks/{unique_name()}"), 401, "unauthorized")
+    assert_error(httpx.get(f"{server.base_url}/v1/locks"), 401, "unauthorized")
 
 
 # --- GET /v1/locks -----------------------------------------------------------------------------
@@ -241,8 +189,9 @@ def test_list_without_prefix_includes_this_tests_locks(
         ({"lmit": 5}, "lmit"),
     ],
 )
-def test_list_with_bad_query_is_422(reader: httpx.Client, params: dict[str, Any], field: str) -> None:
-    err = error_of(reader.get("/v1/locks", params=params), 422, "validation_error")
+def test_list_with_bad_query_is_422(reader: httpx.Client, params: dict[str, Any],
+                                    field: str) -> None:
+    err = assert_error(reader.get("/v1/locks", params=params), 422, "validation_error")
     assert field in {d["field"] for d in err["details"]}, err
 
 
@@ -326,9 +275,9 @@ def test_another_member_and_a_reader_may_not_force_release(
     assert grant.status_code == 201
     other_key = str(server.create_key("member", name="not-the-owner")["key"])
     with server.client(other_key) as other:
-        err = error_of(other.delete(f"/v1/locks/{key}"), 403, "forbidden")
+        err = assert_error(other.delete(f"/v1/locks/{key}"), 403, "forbidden")
         assert "fencing_token" not in err
-    error_of(reader.delete(f"/v1/locks/{key}"), 403, "forbidden")
+    assert_error(reader.delete(f"/v1/locks/{key}"), 403, "forbidden")
     state = member.get(f"/v1/locks/{key}").json()
     assert state["held"] is True
     assert state["fencing_token"] == grant.json()["fencing_token"]
@@ -340,7 +289,7 @@ def test_a_member_may_not_force_release_an_admins_lease(
     key = unique_name()
     grant = acquire(admin, key, new_token(), ttl=60)
     assert grant.status_code == 201
-    error_of(member.delete(f"/v1/locks/{key}"), 403, "forbidden")
+    assert_error(member.delete(f"/v1/locks/{key}"), 403, "forbidden")
     assert member.get(f"/v1/locks/{key}").json()["fencing_token"] == grant.json()["fencing_token"]
 
 
@@ -360,7 +309,7 @@ def test_the_key_that_took_the_lease_may_force_release_it_without_its_token(
     assert member.get(f"/v1/locks/{key}").json()["held"] is False
     renew = member.patch(f"/v1/locks/{key}/lease", headers=lock_headers(lost_token),
                          json={"ttl_seconds": 30})
-    assert error_of(renew, 409, "lease_lost")["reason"] == "force_released"
+    assert assert_error(renew, 409, "lease_lost")["reason"] == "force_released"
     # Written to the access log with the key that did it.
     me = member.get("/v1/whoami").json()["key_id"]
     assert wait_for(lambda: any(
@@ -382,7 +331,7 @@ def test_displaced_holder_is_told_force_released(member: httpx.Client, admin: ht
     assert admin.delete(f"/v1/locks/{key}").json()["released"] is True
     renew = member.patch(f"/v1/locks/{key}/lease", headers=lock_headers(token),
                          json={"ttl_seconds": 30})
-    err = error_of(renew, 409, "lease_lost")
+    err = assert_error(renew, 409, "lease_lost")
     assert err["reason"] == "force_released"
     rel = member.delete(f"/v1/locks/{key}/lease", headers={"X-Lock-Token": token})
     assert rel.json() == {"released": False}
@@ -438,7 +387,8 @@ def test_force_release_is_written_to_the_access_log_with_the_key_id(
     assert server.admin_key not in str(entry)
 
 
-def test_force_release_of_free_lock_is_logged_too(server: ServerProcess, admin: httpx.Client) -> None:
+def test_force_release_of_free_lock_is_logged_too(server: ServerProcess,
+                                                  admin: httpx.Client) -> None:
     key = unique_name("audit-free")
     assert admin.delete(f"/v1/locks/{key}").json()["released"] is False
 

@@ -2,68 +2,20 @@
 
 from __future__ import annotations
 
-import re
 import time
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import httpx
 import pytest
 
-from support import ServerProcess, lock_headers, new_token, unique_name
+from lock_support import acquire, release, renew
+from support import ServerProcess, assert_error, new_token, parse_at, unique_name
 
-TS_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
 ONE_MS = timedelta(milliseconds=1)
-
-
-def parse_ts(value: Any) -> datetime:
-    assert isinstance(value, str) and TS_RE.match(value), f"not RFC 3339 ms + Z: {value!r}"
-    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
-
-
-def error_of(resp: httpx.Response, status: int, code: str) -> dict[str, Any]:
-    assert resp.status_code == status, resp.text
-    body = resp.json()
-    assert set(body) == {"error"}, body
-    err = body["error"]
-    assert err["code"] == code, body
-    assert isinstance(err["message"], str) and err["message"], body
-    return dict(err)
-
-
-def acquire(c: httpx.Client, key: str, token: str, ttl: int = 30, **body: Any) -> httpx.Response:
-    return c.put(f"/v1/locks/{key}/lease", headers=lock_headers(token),
-                 json={"ttl_seconds": ttl, **body})
-
-
-def renew(c: httpx.Client, key: str, token: str, ttl: int) -> httpx.Response:
-    return c.patch(f"/v1/locks/{key}/lease", headers=lock_headers(token),
-                   json={"ttl_seconds": ttl})
-
-
-def release(c: httpx.Client, key: str, token: str) -> httpx.Response:
-    return c.delete(f"/v1/locks/{key}/lease", headers={"X-Lock-Token": token})
 
 
 def sleep_until(moment: float) -> None:
     time.sleep(max(0.0, moment - time.monotonic()))
-
-
-@pytest.fixture(scope="module")
-def member_key(server: ServerProcess) -> str:
-    return str(server.create_key("member", name="renew-release-tests")["key"])
-
-
-@pytest.fixture
-def member(server: ServerProcess, member_key: str) -> Any:
-    with server.client(member_key) as c:
-        yield c
-
-
-@pytest.fixture
-def admin(server: ServerProcess) -> Any:
-    with server.client() as c:
-        yield c
 
 
 # --- renew -------------------------------------------------------------------------------------
@@ -85,11 +37,11 @@ def test_renew_returns_200_with_exact_fields_and_unchanged_fencing(member: httpx
     assert body["key"] == key
     assert body["fencing_token"] == g["fencing_token"]
     assert body["deadline_at"] == g["deadline_at"]
-    expires = parse_ts(body["expires_at"])
+    expires = parse_at(body["expires_at"])
     # now + 120 s, measured when the renewal is served
     assert before + timedelta(seconds=120) - timedelta(seconds=2) <= expires
     assert expires <= after + timedelta(seconds=120) + timedelta(seconds=2)
-    assert expires > parse_ts(g["acquired_at"]) + timedelta(seconds=120)
+    assert expires > parse_at(g["acquired_at"]) + timedelta(seconds=120)
 
     state = member.get(f"/v1/locks/{key}").json()
     assert state["held"] is True
@@ -105,9 +57,9 @@ def test_renew_sets_expiry_outright_so_a_shorter_ttl_shortens(member: httpx.Clie
     g = grant.json()
     resp = renew(member, key, token, 10)
     assert resp.status_code == 200, resp.text
-    expires = parse_ts(resp.json()["expires_at"])
-    assert expires < parse_ts(g["expires_at"])
-    acquired = parse_ts(g["acquired_at"])
+    expires = parse_at(resp.json()["expires_at"])
+    assert expires < parse_at(g["expires_at"])
+    acquired = parse_at(g["acquired_at"])
     assert acquired + timedelta(seconds=10) <= expires <= acquired + timedelta(seconds=15)
     assert member.get(f"/v1/locks/{key}").json()["expires_at"] == resp.json()["expires_at"]
 
@@ -154,11 +106,11 @@ def test_renewal_earlier_than_one_second_before_expiry_succeeds_later_is_lease_e
     # ~4.3 s after that renewal, < 1 s left: too late.
     sleep_until(renewed + 4.3)
     late = renew(member, key, token, 30)
-    error_of(late, 409, "lease_expired")
+    assert_error(late, 409, "lease_expired")
 
     # The holder keeps the lease until expires_at: others are still refused, nothing changed.
     other = acquire(member, key, new_token(), ttl=30)
-    error_of(other, 409, "lock_held")
+    assert_error(other, 409, "lock_held")
     state = member.get(f"/v1/locks/{key}").json()
     assert state["held"] is True
     assert state["fencing_token"] == fencing
@@ -169,7 +121,7 @@ def test_renew_after_release_is_lease_lost_released(member: httpx.Client) -> Non
     key, token = unique_name(), new_token()
     assert acquire(member, key, token).status_code == 201
     assert release(member, key, token).json() == {"released": True}
-    err = error_of(renew(member, key, token, 30), 409, "lease_lost")
+    err = assert_error(renew(member, key, token, 30), 409, "lease_lost")
     assert err["reason"] == "released"
     assert member.get(f"/v1/locks/{key}").json()["held"] is False
 
@@ -181,7 +133,7 @@ def test_renew_after_force_release_is_lease_lost_force_released(
     assert acquire(member, key, token).status_code == 201
     forced = admin.delete(f"/v1/locks/{key}")
     assert forced.status_code == 200 and forced.json()["released"] is True, forced.text
-    err = error_of(renew(member, key, token, 30), 409, "lease_lost")
+    err = assert_error(renew(member, key, token, 30), 409, "lease_lost")
     assert err["reason"] == "force_released"
     assert member.get(f"/v1/locks/{key}").json()["held"] is False
 
@@ -195,7 +147,7 @@ def test_renew_after_expiry_is_lease_lost_and_cannot_come_back(member: httpx.Cli
 
     sleep_until(granted + 6.2)
     # Expired and freed, nobody else has it.
-    err = error_of(renew(member, key, token, 30), 409, "lease_lost")
+    err = assert_error(renew(member, key, token, 30), 409, "lease_lost")
     assert err["reason"] == "expired"
     assert member.get(f"/v1/locks/{key}").json()["held"] is False
 
@@ -204,7 +156,7 @@ def test_renew_after_expiry_is_lease_lost_and_cannot_come_back(member: httpx.Cli
     other = acquire(member, key, other_token, ttl=60)
     assert other.status_code == 201, other.text
     assert other.json()["fencing_token"] > old_fencing
-    err = error_of(renew(member, key, token, 30), 409, "lease_lost")
+    err = assert_error(renew(member, key, token, 30), 409, "lease_lost")
     assert err["reason"] in ("expired", "superseded")
     assert release(member, key, token).json() == {"released": False}
     state = member.get(f"/v1/locks/{key}").json()
@@ -217,7 +169,7 @@ def test_renew_by_a_token_that_never_held_the_lock_is_lease_lost(member: httpx.C
     key, token = unique_name(), new_token()
     grant = acquire(member, key, token, ttl=30)
     assert grant.status_code == 201
-    err = error_of(renew(member, key, new_token(), 3600), 409, "lease_lost")
+    err = assert_error(renew(member, key, new_token(), 3600), 409, "lease_lost")
     assert "reason" in err
     assert err["reason"] is None
     state = member.get(f"/v1/locks/{key}").json()
@@ -226,7 +178,7 @@ def test_renew_by_a_token_that_never_held_the_lock_is_lease_lost(member: httpx.C
 
 
 def test_renew_of_a_free_lock_is_lease_lost(member: httpx.Client) -> None:
-    err = error_of(renew(member, unique_name(), new_token(), 30), 409, "lease_lost")
+    err = assert_error(renew(member, unique_name(), new_token(), 30), 409, "lease_lost")
     assert "reason" in err and err["reason"] is None
 
 
@@ -242,7 +194,7 @@ def test_overdue_keep_lease_can_still_be_renewed(member: httpx.Client) -> None:
     resp = renew(member, key, token, 30)
     assert resp.status_code == 200, resp.text
     assert resp.json()["fencing_token"] == fencing
-    assert parse_ts(resp.json()["expires_at"]) > datetime.now(UTC) + timedelta(seconds=20)
+    assert parse_at(resp.json()["expires_at"]) > datetime.now(UTC) + timedelta(seconds=20)
     state = member.get(f"/v1/locks/{key}").json()
     assert state["held"] is True
     assert state["overdue"] is False
@@ -282,7 +234,7 @@ def test_bad_renew_requests_are_rejected_and_leave_the_lease_alone(
     if request_id is not None:
         sent["X-Request-Id"] = new_token() if request_id == VALID else request_id
     resp = member.patch(f"/v1/locks/{key}/lease", headers=sent, content=content)
-    err = error_of(resp, status, code)
+    err = assert_error(resp, status, code)
     if status == 422:
         assert err.get("details"), err
     state = member.get(f"/v1/locks/{key}").json()
@@ -318,7 +270,7 @@ def test_release_with_wrong_token_is_false_and_lock_stays_held(member: httpx.Cli
     state = member.get(f"/v1/locks/{key}").json()
     assert state["held"] is True
     assert state["fencing_token"] == grant.json()["fencing_token"]
-    error_of(acquire(member, key, new_token()), 409, "lock_held")
+    assert_error(acquire(member, key, new_token()), 409, "lock_held")
     assert renew(member, key, token, 30).status_code == 200
 
 
@@ -331,8 +283,8 @@ def test_release_of_a_never_held_lock_is_200_false_not_404(member: httpx.Client)
 def test_release_needs_a_uuid_lock_token(member: httpx.Client) -> None:
     key, token = unique_name(), new_token()
     assert acquire(member, key, token).status_code == 201
-    error_of(member.delete(f"/v1/locks/{key}/lease"), 400, "invalid_request")
-    error_of(member.delete(f"/v1/locks/{key}/lease", headers={"X-Lock-Token": "x"}), 400,
+    assert_error(member.delete(f"/v1/locks/{key}/lease"), 400, "invalid_request")
+    assert_error(member.delete(f"/v1/locks/{key}/lease", headers={"X-Lock-Token": "x"}), 400,
              "invalid_request")
     assert member.get(f"/v1/locks/{key}").json()["held"] is True
 
@@ -350,8 +302,8 @@ def test_reader_may_not_renew_or_release(server: ServerProcess, member: httpx.Cl
     assert grant.status_code == 201
     reader = server.create_key("reader")["key"]
     with server.client(reader) as c:
-        error_of(renew(c, key, token, 60), 403, "forbidden")
-        error_of(release(c, key, token), 403, "forbidden")
+        assert_error(renew(c, key, token, 60), 403, "forbidden")
+        assert_error(release(c, key, token), 403, "forbidden")
     state = member.get(f"/v1/locks/{key}").json()
     assert state["held"] is True
     assert state["expires_at"] == grant.json()["expires_at"]

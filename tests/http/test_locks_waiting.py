@@ -10,45 +10,20 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import httpx
-import pytest
 
-from support import ServerProcess, lock_headers, new_token, unique_name
-
-
-def parse_ts(value: str) -> datetime:
-    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
-
-
-def error_of(resp: httpx.Response, status: int, code: str) -> dict[str, Any]:
-    assert resp.status_code == status, resp.text
-    body = resp.json()
-    assert set(body) == {"error"}, body
-    err = body["error"]
-    assert err["code"] == code, body
-    assert isinstance(err["message"], str) and err["message"], body
-    return dict(err)
-
-
-def acquire(c: httpx.Client, key: str, token: str, ttl: int = 30, **body: Any) -> httpx.Response:
-    return c.put(f"/v1/locks/{key}/lease", headers=lock_headers(token),
-                 json={"ttl_seconds": ttl, **body})
-
-
-def release(c: httpx.Client, key: str, token: str) -> httpx.Response:
-    return c.delete(f"/v1/locks/{key}/lease", headers={"X-Lock-Token": token})
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 5.0, interval: float = 0.02) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() >= deadline:
-            return value
-        time.sleep(interval)
+from lock_support import acquire, release
+from support import (
+    ServerProcess,
+    assert_error,
+    lock_headers,
+    new_token,
+    parse_at,
+    unique_name,
+    wait_for,
+)
 
 
 def waiters(c: httpx.Client, key: str) -> int:
@@ -101,17 +76,6 @@ def start_waiter(
     waiter.thread = threading.Thread(target=run, name=name, daemon=True)
     waiter.thread.start()
     return waiter
-
-
-@pytest.fixture(scope="module")
-def member_key(server: ServerProcess) -> str:
-    return str(server.create_key("member", name="waiting-tests")["key"])
-
-
-@pytest.fixture
-def member(server: ServerProcess, member_key: str) -> Any:
-    with server.client(member_key) as c:
-        yield c
 
 
 class Hammer:
@@ -201,7 +165,7 @@ def test_waiter_is_granted_promptly_after_release(
     body = resp.json()
     assert body["fencing_token"] > first.json()["fencing_token"]
     assert body["key"] == key
-    assert parse_ts(body["acquired_at"]) >= parse_ts(first.json()["acquired_at"])
+    assert parse_at(body["acquired_at"]) >= parse_at(first.json()["acquired_at"])
     state = member.get(f"/v1/locks/{key}").json()
     assert state["held"] is True
     assert state["fencing_token"] == body["fencing_token"]
@@ -217,7 +181,7 @@ def test_fail_fast_acquire_does_not_jump_ahead_of_a_waiter(
     assert wait_for(lambda: waiters(member, key) == 1)
 
     # While held, the fail-fast caller is simply refused.
-    error_of(acquire(member, key, new_token()), 409, "lock_held")
+    assert_error(acquire(member, key, new_token()), 409, "lock_held")
 
     # Hammer fail-fast acquires across the moment the lock is released: none may win.
     hammer = Hammer(server, member_key, key)
@@ -247,7 +211,7 @@ def test_second_waiter_keeps_its_place_while_the_first_holds(
     first = w.join()
     assert first.status_code == 201, first.text
     assert waiters(member, key) == 1
-    error_of(acquire(member, key, new_token()), 409, "lock_held")
+    assert_error(acquire(member, key, new_token()), 409, "lock_held")
     assert release(member, key, w.token).json() == {"released": True}
     second = late.join()
     assert second.status_code == 201, second.text
@@ -270,7 +234,7 @@ def test_wait_timeout_is_409_lock_held(
     started = time.monotonic()
     resp = acquire(member, key, new_token(), ttl=30, wait_seconds=1)
     elapsed = time.monotonic() - started
-    err = error_of(resp, 409, "lock_held")
+    err = assert_error(resp, 409, "lock_held")
     assert elapsed >= 0.95
     assert elapsed < 10
     assert err["operation"] == "deploy"
@@ -330,7 +294,7 @@ def test_disconnected_waiter_is_never_granted(
     assert state["waiters"] == 0
     renew = member.patch(f"/v1/locks/{key}/lease", headers=lock_headers(ghost),
                          json={"ttl_seconds": 30})
-    error_of(renew, 409, "lease_lost")
+    assert_error(renew, 409, "lease_lost")
     # No phantom waiter blocks a fail-fast newcomer.
     newcomer = acquire(member, key, new_token(), ttl=30)
     assert newcomer.status_code == 201, newcomer.text
@@ -392,7 +356,7 @@ def test_expiry_wakes_a_waiter_but_not_before_expires_at(
     assert statuses and set(statuses) == {409}, sorted(set(statuses))
     # Mutual exclusion: not granted before the holder's lease ended ...
     assert w.done_at - sent >= 5.0
-    assert parse_ts(resp.json()["acquired_at"]) >= parse_ts(holder.json()["expires_at"])
+    assert parse_at(resp.json()["acquired_at"]) >= parse_at(holder.json()["expires_at"])
     # ... and woken by the expiry itself (leniently: well before its own 15 s wait ran out).
     assert w.done_at - sent < 5.0 + 3.0
     assert resp.json()["fencing_token"] > holder.json()["fencing_token"]
@@ -405,7 +369,7 @@ def test_expiry_of_a_keep_lease_does_not_wake_waiters(
     holder = acquire(member, key, new_token(), ttl=5, on_expiry="keep", operation="slow")
     assert holder.status_code == 201
     resp = acquire(member, key, new_token(), ttl=30, wait_seconds=7)
-    err = error_of(resp, 409, "lock_held")
+    err = assert_error(resp, 409, "lock_held")
     assert err["operation"] == "slow"
     assert err["expires_in_ms"] < 0
     assert "retry-after" not in resp.headers

@@ -4,16 +4,15 @@ prometheus_client's own parser, moves as real traffic says it must."""
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pg_support import temporary_database
-from support import ServerProcess, lock_headers, new_token, unique_name
+from support import ServerProcess, lock_headers, new_token, unique_name, wait_until
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -35,13 +34,6 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 
 def delta(before: Samples, after: Samples, name: str, **labels: str) -> float:
     return value(after, name, **labels) - value(before, name, **labels)
-
-
-def wait_until(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def acquire(c: httpx.Client, key: str, token: str, **body: Any) -> httpx.Response:
@@ -129,7 +121,7 @@ def test_counters_move_with_real_traffic(metered: ServerProcess) -> None:
         now = scrape(srv)
         return delta(before, now, "fencepost_leases_ended_total", kind="lock",
                      reason="expired") == 1
-    wait_until(expired, "the reaper to end the 5 s lease")
+    wait_until(expired, "the reaper to end the 5 s lease", timeout=20.0)
     after = scrape(srv)
     assert delta(before, after, "fencepost_reaper_freed_total") >= 1
     assert delta(before, after, "fencepost_reaper_runs_total") >= 1
@@ -157,7 +149,7 @@ def test_parked_waiters_are_a_gauge(metered: ServerProcess) -> None:
     waiter.start()
     try:
         wait_until(lambda: value(scrape(srv), "fencepost_waiters_parked") == 1,
-                   "the waiter to be parked")
+                   "the waiter to be parked", timeout=20.0)
     finally:
         with srv.client() as c:
             c.request("DELETE", f"/v1/locks/{key}/lease", headers=lock_headers(holder))
@@ -262,5 +254,5 @@ def test_an_overdue_keep_lease_is_counted(metered: ServerProcess) -> None:
         assert acquire(c, unique_name("keep"), new_token(), ttl_seconds=5,
                        on_expiry="keep").status_code == 201
     wait_until(lambda: value(scrape(srv), "fencepost_leases_overdue") == 1,
-               "the keep lease to be overdue")
+               "the keep lease to be overdue", timeout=20.0)
     assert value(scrape(srv), "fencepost_leases_live", kind="lock") == 1

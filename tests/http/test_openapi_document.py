@@ -11,10 +11,10 @@ import jsonschema
 import pytest
 from openapi_spec_validator import validate
 from openapi_spec_validator.validation import OpenAPIV31SpecValidator
-from support import ServerProcess, lock_headers, new_token, unique_name
 
 from fencepost.core.names import NAME_PATTERN
 from fencepost.server import schemas
+from support import ServerProcess, lock_headers, new_token, unique_name
 
 METHODS = {"get", "put", "post", "patch", "delete"}
 

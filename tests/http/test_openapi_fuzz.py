@@ -27,9 +27,9 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 from schemathesis.specs.openapi.schemas import OpenApiSchema
-from support import ServerProcess
 
 from fencepost.server.routes.table import ROUTES
+from support import ServerProcess
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
           response_schema_conformance, response_headers_conformance]

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from support import ServerProcess
 
 GUARD_S = 20.0
@@ -65,7 +66,8 @@ TEMPLATES = [
 ]
 
 
-def read_reply(buffer: bytearray, sock: socket.socket, head: bool) -> tuple[int, dict[str, str]] | None:
+def read_reply(buffer: bytearray, sock: socket.socket,
+               head: bool) -> tuple[int, dict[str, str]] | None:
     """One response from `sock` (bytes already received are in `buffer`); None
     once the server closed the connection."""
     while b"\r\n\r\n" not in buffer:

@@ -14,52 +14,19 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import pytest
-from support import ServerProcess, unique_name
+
+from pool_support import pool_state, release, renew
+from support import ServerProcess, assert_error, detail_fields, unique_name, wait_for
 
 SLOT_ID = re.compile(r"^slot_[A-Za-z0-9_-]{32}$")
-SNAKE = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$")
 FAST_S = 2.5  # a fail-fast answer comes long before any wait asked for in these tests
 
 
 # --- helpers ---------------------------------------------------------------------------------
-
-
-def assert_error(resp: httpx.Response, status: int, code: str) -> dict[str, Any]:
-    assert resp.status_code == status, f"expected {status} {code}, got {resp.status_code}: " \
-                                       f"{resp.text[:500]}"
-    assert resp.headers.get("content-type", "").startswith("application/json"), resp.headers
-    body = resp.json()
-    assert isinstance(body, dict) and set(body) == {"error"}, body
-    err = body["error"]
-    assert err.get("code") == code, body
-    assert SNAKE.match(err["code"]), body
-    assert isinstance(err.get("message"), str) and err["message"].strip(), body
-    return dict(err)
-
-
-def detail_fields(err: dict[str, Any]) -> set[str]:
-    details = err.get("details")
-    assert isinstance(details, list) and details, f"no details: {err}"
-    names: set[str] = set()
-    for item in details:
-        assert isinstance(item, dict) and isinstance(item.get("field"), str), item
-        assert isinstance(item.get("message"), str) and item["message"], item
-        names.add(item["field"])
-        names.add(re.split(r"[./\[]", item["field"])[0])
-    return names
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 5.0, interval: float = 0.02) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() >= deadline:
-            return value
-        time.sleep(interval)
 
 
 def make_pool(c: httpx.Client, **config: Any) -> str:
@@ -68,12 +35,6 @@ def make_pool(c: httpx.Client, **config: Any) -> str:
     resp = c.put(f"/v1/pools/{name}", json=config)
     assert resp.status_code == 201, resp.text
     return name
-
-
-def pool_state(c: httpx.Client, pool: str) -> dict[str, Any]:
-    resp = c.get(f"/v1/pools/{pool}")
-    assert resp.status_code == 200, resp.text
-    return dict(resp.json())
 
 
 def acquire(c: httpx.Client, pool: str, body: Any = None, headers: dict[str, str] | None = None
@@ -88,14 +49,6 @@ def grab(c: httpx.Client, pool: str) -> dict[str, Any]:
     resp = acquire(c, pool)
     assert resp.status_code == 200, resp.text
     return dict(resp.json())
-
-
-def release(c: httpx.Client, pool: str, slot_id: str, **kwargs: Any) -> httpx.Response:
-    return c.post(f"/v1/pools/{pool}/lock/{slot_id}/release", **kwargs)
-
-
-def renew(c: httpx.Client, pool: str, slot_id: str) -> httpx.Response:
-    return c.post(f"/v1/pools/{pool}/lock/{slot_id}/renew")
 
 
 def timed(fn: Callable[[], httpx.Response]) -> tuple[httpx.Response, float]:
@@ -148,28 +101,6 @@ def start_waiter(
 
 def queued(c: httpx.Client, pool: str) -> int:
     return int(pool_state(c, pool)["queued"])
-
-
-@pytest.fixture(scope="module")
-def member_key(server: ServerProcess) -> str:
-    return str(server.create_key("member", name="pool-acquire-member")["key"])
-
-
-@pytest.fixture(scope="module")
-def reader_key(server: ServerProcess) -> str:
-    return str(server.create_key("reader", name="pool-acquire-reader")["key"])
-
-
-@pytest.fixture(scope="module")
-def admin(server: ServerProcess) -> Iterator[httpx.Client]:
-    with server.client() as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def member(server: ServerProcess, member_key: str) -> Iterator[httpx.Client]:
-    with server.client(member_key) as c:
-        yield c
 
 
 @dataclass

@@ -8,9 +8,9 @@ import math
 import time
 
 import httpx
-from support import ServerProcess, unique_name
 
 from fencepost.core.governor import BETA, LEARNED_PACE_SHARE
+from support import ServerProcess, unique_name
 
 LOWERED = math.floor(10 * BETA)  # one throttle report on a pool of limit 10
 

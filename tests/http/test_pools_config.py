@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import pytest
-from support import ServerProcess, unique_name
+
+from pool_support import acquire, make_pool, pool_state, release, renew
+from support import ServerProcess, assert_error, detail_fields, unique_name
 
 MAX_BODY = 64 * 1024
 SLOT_ID = re.compile(r"^slot_[A-Za-z0-9_-]{32,}$")
-SNAKE = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$")
-
 DEFAULTS = {
     "queue_size": 100,
     "queue_timeout_ms": 30_000,
@@ -42,32 +42,6 @@ ZERO_STATS = {
 # --- helpers ---------------------------------------------------------------------------------
 
 
-def assert_error(resp: httpx.Response, status: int, code: str) -> dict[str, Any]:
-    assert resp.status_code == status, f"expected {status} {code}, got {resp.status_code}: " \
-                                       f"{resp.text[:500]}"
-    assert resp.headers.get("content-type", "").startswith("application/json"), resp.headers
-    assert "Traceback" not in resp.text
-    body = resp.json()
-    assert isinstance(body, dict) and set(body) == {"error"}, body
-    err = body["error"]
-    assert err.get("code") == code, body
-    assert SNAKE.match(err["code"]), body
-    assert isinstance(err.get("message"), str) and err["message"].strip(), body
-    return dict(err)
-
-
-def detail_fields(err: dict[str, Any]) -> set[str]:
-    details = err.get("details")
-    assert isinstance(details, list) and details, f"422 without details: {err}"
-    names: set[str] = set()
-    for item in details:
-        assert isinstance(item, dict) and isinstance(item.get("field"), str), item
-        assert isinstance(item.get("message"), str) and item["message"], item
-        names.add(item["field"])
-        names.add(re.split(r"[./\[]", item["field"])[0])
-    return names
-
-
 def assert_422(resp: httpx.Response, *fields: str) -> dict[str, Any]:
     err = assert_error(resp, 422, "validation_error")
     named = detail_fields(err)
@@ -80,38 +54,12 @@ def put_pool(c: httpx.Client, name: str, **config: Any) -> httpx.Response:
     return c.put(f"/v1/pools/{name}", json=config)
 
 
-def make_pool(c: httpx.Client, name: str | None = None, **config: Any) -> str:
-    name = name or unique_name("pool")
-    config.setdefault("limit", 2)
-    resp = put_pool(c, name, **config)
-    assert resp.status_code == 201, resp.text
-    return name
-
-
-def get_pool(c: httpx.Client, name: str) -> dict[str, Any]:
-    resp = c.get(f"/v1/pools/{name}")
-    assert resp.status_code == 200, resp.text
-    return dict(resp.json())
-
-
-def acquire(c: httpx.Client, pool: str, **kwargs: Any) -> httpx.Response:
-    return c.post(f"/v1/pools/{pool}/lock/acquire", **kwargs)
-
-
 def grab(c: httpx.Client, pool: str) -> str:
     resp = acquire(c, pool)
     assert resp.status_code == 200, resp.text
     slot_id = resp.json()["slot_id"]
     assert SLOT_ID.match(slot_id), slot_id
     return str(slot_id)
-
-
-def renew(c: httpx.Client, pool: str, slot_id: str, **kwargs: Any) -> httpx.Response:
-    return c.post(f"/v1/pools/{pool}/lock/{slot_id}/renew", **kwargs)
-
-
-def release(c: httpx.Client, pool: str, slot_id: str, **kwargs: Any) -> httpx.Response:
-    return c.post(f"/v1/pools/{pool}/lock/{slot_id}/release", **kwargs)
 
 
 def assert_state_shape(state: dict[str, Any]) -> None:
@@ -121,22 +69,6 @@ def assert_state_shape(state: dict[str, Any]) -> None:
     stats = state["stats"]
     assert set(ZERO_STATS) <= set(stats), stats
     assert set(stats["statuses"]) == {"1xx", "2xx", "3xx", "4xx", "5xx"}, stats
-
-
-@pytest.fixture(scope="module")
-def admin(server: ServerProcess) -> Iterator[httpx.Client]:
-    with server.client() as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def member_key(server: ServerProcess) -> str:
-    return str(server.create_key("member", name="pool-config-member")["key"])
-
-
-@pytest.fixture(scope="module")
-def reader_key(server: ServerProcess) -> str:
-    return str(server.create_key("reader", name="pool-config-reader")["key"])
 
 
 # --- create, read, defaults ------------------------------------------------------------------
@@ -157,7 +89,7 @@ def test_put_creates_with_defaults(admin: httpx.Client) -> None:
     assert body["effective_limit"] == 3
     assert body["stats"] == ZERO_STATS
 
-    got = get_pool(admin, name)
+    got = pool_state(admin, name)
     assert got == body
 
 
@@ -170,7 +102,7 @@ def test_put_with_every_field_is_returned_verbatim(admin: httpx.Client) -> None:
     }
     resp = put_pool(admin, name, **config)
     assert resp.status_code == 201, resp.text
-    got = get_pool(admin, name)
+    got = pool_state(admin, name)
     for field, value in config.items():
         assert got[field] == value, (field, got)
     assert got["effective_limit"] == 7
@@ -179,7 +111,7 @@ def test_put_with_every_field_is_returned_verbatim(admin: httpx.Client) -> None:
 
 def test_default_renew_interval_is_a_third_of_term(admin: httpx.Client) -> None:
     name = make_pool(admin, limit=1, term_ms=3000)
-    assert get_pool(admin, name)["renew_interval_ms"] == 1000
+    assert pool_state(admin, name)["renew_interval_ms"] == 1000
 
 
 def test_put_again_is_200_and_replaces_the_whole_config(admin: httpx.Client) -> None:
@@ -192,7 +124,7 @@ def test_put_again_is_200_and_replaces_the_whole_config(admin: httpx.Client) -> 
     assert body["limit"] == 4
     for field, value in DEFAULTS.items():
         assert body[field] == value, f"omitted {field} did not return to its default: {body}"
-    assert get_pool(admin, name) == body
+    assert pool_state(admin, name) == body
 
 
 def test_put_keeps_live_slots_and_stats(admin: httpx.Client) -> None:
@@ -200,13 +132,13 @@ def test_put_keeps_live_slots_and_stats(admin: httpx.Client) -> None:
     held = grab(admin, name)
     done = grab(admin, name)
     assert release(admin, name, done, json={"status": 200}).json() == {"released": True}
-    before = get_pool(admin, name)
+    before = pool_state(admin, name)
     assert before["in_use"] == 1
     assert before["stats"]["released"] == 1
 
     resp = put_pool(admin, name, limit=1, term_ms=2000)
     assert resp.status_code == 200, resp.text
-    after = get_pool(admin, name)
+    after = pool_state(admin, name)
     assert after["in_use"] == 1
     assert after["stats"] == before["stats"]
     assert after["limit"] == 1 and after["term_ms"] == 2000
@@ -215,14 +147,14 @@ def test_put_keeps_live_slots_and_stats(admin: httpx.Client) -> None:
     assert acquire(admin, name).status_code == 429
     assert renew(admin, name, held).status_code == 200
     assert release(admin, name, held).json() == {"released": True}
-    assert get_pool(admin, name)["stats"]["released"] == 2
+    assert pool_state(admin, name)["stats"]["released"] == 2
 
 
 def test_lowering_the_limit_below_in_use_admits_nobody(admin: httpx.Client) -> None:
     name = make_pool(admin, limit=3)
     slots = [grab(admin, name) for _ in range(3)]
     assert put_pool(admin, name, limit=1).status_code == 200
-    assert get_pool(admin, name)["in_use"] == 3
+    assert pool_state(admin, name)["in_use"] == 3
     assert acquire(admin, name).status_code == 429
     assert release(admin, name, slots[0]).json() == {"released": True}
     assert acquire(admin, name).status_code == 429  # 2 still held, limit 1
@@ -252,7 +184,7 @@ def test_list_pools_with_prefix_limit_and_after(admin: httpx.Client) -> None:
     assert [p["name"] for p in page["pools"]] == [f"{prefix}-a", f"{prefix}-b"]
     for p in page["pools"]:
         assert_state_shape(p)
-        assert p == get_pool(admin, p["name"])
+        assert p == pool_state(admin, p["name"])
     assert page["next"] is not None
 
     resp = admin.get("/v1/pools", params={"prefix": prefix, "limit": 2, "after": page["next"]})
@@ -380,10 +312,10 @@ def test_put_validation_is_422_naming_fields(admin: httpx.Client, case: str) -> 
 
 def test_bad_put_leaves_an_existing_config_alone(admin: httpx.Client) -> None:
     name = make_pool(admin, limit=4, queue_size=9)
-    before = get_pool(admin, name)
+    before = pool_state(admin, name)
     assert_422(put_pool(admin, name, limit=4, queue_size=-1), "queue_size")
     assert_422(put_pool(admin, name, limit=2, min_limit=3), "min_limit")
-    assert get_pool(admin, name) == before
+    assert pool_state(admin, name) == before
 
 
 @pytest.mark.parametrize("body", [[], [1], "limit", 3, None, True])
@@ -424,7 +356,7 @@ def test_put_accepts_boundary_values(admin: httpx.Client, case: str) -> None:
     name = unique_name("edge")
     resp = put_pool(admin, name, **config)
     assert resp.status_code == 201, resp.text
-    got = get_pool(admin, name)
+    got = pool_state(admin, name)
     for field, value in config.items():
         assert got[field] == value, (field, got)
 
@@ -452,12 +384,12 @@ def test_patch_changes_only_the_given_fields(admin: httpx.Client) -> None:
     for field, value in FULL.items():
         if field not in ("limit", "queue_size"):
             assert body[field] == value, (field, body)
-    assert get_pool(admin, name) == body
+    assert pool_state(admin, name) == body
 
 
 def test_patch_with_no_fields_changes_nothing(admin: httpx.Client) -> None:
     name = make_pool(admin, **FULL)
-    before = get_pool(admin, name)
+    before = pool_state(admin, name)
     resp = patch_pool(admin, name)
     assert resp.status_code == 200 and resp.json() == before
 
@@ -496,9 +428,9 @@ BAD_PATCHES: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
 def test_patch_validation_is_422_and_changes_nothing(admin: httpx.Client, case: str) -> None:
     body, fields = BAD_PATCHES[case]
     name = make_pool(admin, **FULL)
-    before = get_pool(admin, name)
+    before = pool_state(admin, name)
     assert_422(admin.patch(f"/v1/pools/{name}", json=body), *fields)
-    assert get_pool(admin, name) == before
+    assert pool_state(admin, name) == before
 
 
 def test_patch_of_an_unknown_pool_is_404_and_creates_nothing(admin: httpx.Client) -> None:
@@ -514,14 +446,14 @@ def test_reader_may_read_but_not_configure(server: ServerProcess, admin: httpx.C
                                            reader_key: str) -> None:
     name = make_pool(admin, limit=2)
     with server.client(reader_key) as reader:
-        assert get_pool(reader, name)["limit"] == 2
+        assert pool_state(reader, name)["limit"] == 2
         listed = reader.get("/v1/pools", params={"prefix": name})
         assert listed.status_code == 200 and len(listed.json()["pools"]) == 1
         assert_error(put_pool(reader, name, limit=9), 403, "forbidden")
         assert_error(put_pool(reader, unique_name("new"), limit=9), 403, "forbidden")
         assert_error(reader.delete(f"/v1/pools/{name}"), 403, "forbidden")
         assert_error(reader.patch(f"/v1/pools/{name}", json={"limit": 9}), 403, "forbidden")
-    assert get_pool(admin, name)["limit"] == 2
+    assert pool_state(admin, name)["limit"] == 2
 
 
 def test_member_may_not_configure_or_delete(server: ServerProcess, admin: httpx.Client,
@@ -529,12 +461,12 @@ def test_member_may_not_configure_or_delete(server: ServerProcess, admin: httpx.
     name = make_pool(admin, limit=2)
     fresh = unique_name("new")
     with server.client(member_key) as member:
-        assert get_pool(member, name)["limit"] == 2
+        assert pool_state(member, name)["limit"] == 2
         assert_error(put_pool(member, name, limit=9), 403, "forbidden")
         assert_error(put_pool(member, fresh, limit=9), 403, "forbidden")
         assert_error(member.delete(f"/v1/pools/{name}"), 403, "forbidden")
         assert_error(member.patch(f"/v1/pools/{name}", json={"limit": 9}), 403, "forbidden")
-    assert get_pool(admin, name)["limit"] == 2
+    assert pool_state(admin, name)["limit"] == 2
     assert_error(admin.get(f"/v1/pools/{fresh}"), 404, "not_found")
 
 
@@ -557,7 +489,7 @@ def test_pools_are_per_project(server: ServerProcess, admin: httpx.Client) -> No
         assert grab(other, name)
         assert acquire(other, name).status_code == 429
         assert other.delete(f"/v1/pools/{name}").json() == {"deleted": True}
-    state = get_pool(admin, name)
+    state = pool_state(admin, name)
     assert state["limit"] == 2 and state["queue_size"] == 5 and state["in_use"] == 1
     assert release(admin, name, slot).json() == {"released": True}
 
@@ -585,13 +517,13 @@ class Held:
         self.admin = admin
         self.pool = make_pool(admin, limit=2, queue_size=4)
         self.slot = grab(admin, self.pool)
-        self.before = get_pool(admin, self.pool)
+        self.before = pool_state(admin, self.pool)
 
     def path(self, template: str) -> str:
         return template.format(pool=self.pool, slot=self.slot)
 
     def assert_unchanged(self) -> None:
-        after = get_pool(self.admin, self.pool)
+        after = pool_state(self.admin, self.pool)
         assert after == self.before, (self.before, after)
         # The slot is still live and still this caller's.
         assert renew(self.admin, self.pool, self.slot).status_code == 200
@@ -653,7 +585,7 @@ def test_longest_valid_name_is_accepted(admin: httpx.Client) -> None:
     name = ("P" + unique_name("x")).ljust(128, "z")
     assert len(name) == 128
     assert put_pool(admin, name, limit=1).status_code == 201
-    assert get_pool(admin, name)["name"] == name
+    assert pool_state(admin, name)["name"] == name
     assert acquire(admin, name).status_code == 200
     assert admin.delete(f"/v1/pools/{name}").status_code == 200
 

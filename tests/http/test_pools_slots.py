@@ -8,76 +8,23 @@ import json
 import re
 import threading
 import time
-from collections.abc import Callable
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import pytest
-from support import ServerProcess, unique_name
+
+from pool_support import acquire, make_pool, pool_state, release, renew
+from support import ServerProcess, assert_error, detail_fields, parse_at, unique_name, wait_for
 
 SLOT_ID = re.compile(r"^slot_[A-Za-z0-9_-]{32}$")
-SNAKE = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$")
-AT = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
 UNKNOWN_SLOT = "slot_" + "A" * 32
 
 
 # --- helpers ---------------------------------------------------------------------------------
 
 
-def assert_error(resp: httpx.Response, status: int, code: str) -> dict[str, Any]:
-    assert resp.status_code == status, f"expected {status} {code}, got {resp.status_code}: " \
-                                       f"{resp.text[:500]}"
-    assert resp.headers.get("content-type", "").startswith("application/json"), resp.headers
-    body = resp.json()
-    assert isinstance(body, dict) and set(body) == {"error"}, body
-    err = body["error"]
-    assert err.get("code") == code, body
-    assert SNAKE.match(err["code"]), body
-    assert isinstance(err.get("message"), str) and err["message"].strip(), body
-    return dict(err)
-
-
-def detail_fields(err: dict[str, Any]) -> set[str]:
-    details = err.get("details")
-    assert isinstance(details, list) and details, f"no details: {err}"
-    names: set[str] = set()
-    for item in details:
-        assert isinstance(item, dict) and isinstance(item.get("field"), str), item
-        assert isinstance(item.get("message"), str) and item["message"], item
-        names.add(item["field"])
-        names.add(re.split(r"[./\[]", item["field"])[0])
-    return names
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 5.0, interval: float = 0.02) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() >= deadline:
-            return value
-        time.sleep(interval)
-
-
 def now_ms() -> float:
     return time.time() * 1000
-
-
-def make_pool(c: httpx.Client, name: str | None = None, **config: Any) -> str:
-    name = name or unique_name("pool")
-    config.setdefault("limit", 2)
-    resp = c.put(f"/v1/pools/{name}", json=config)
-    assert resp.status_code == 201, resp.text
-    return name
-
-
-def pool_state(c: httpx.Client, pool: str) -> dict[str, Any]:
-    resp = c.get(f"/v1/pools/{pool}")
-    assert resp.status_code == 200, resp.text
-    return dict(resp.json())
-
-
-def acquire(c: httpx.Client, pool: str, **kwargs: Any) -> httpx.Response:
-    return c.post(f"/v1/pools/{pool}/lock/acquire", **kwargs)
 
 
 def grab(c: httpx.Client, pool: str) -> dict[str, Any]:
@@ -86,31 +33,6 @@ def grab(c: httpx.Client, pool: str) -> dict[str, Any]:
     body = dict(resp.json())
     assert SLOT_ID.match(body["slot_id"]), body
     return body
-
-
-def renew(c: httpx.Client, pool: str, slot_id: str, **kwargs: Any) -> httpx.Response:
-    return c.post(f"/v1/pools/{pool}/lock/{slot_id}/renew", **kwargs)
-
-
-def release(c: httpx.Client, pool: str, slot_id: str, **kwargs: Any) -> httpx.Response:
-    return c.post(f"/v1/pools/{pool}/lock/{slot_id}/release", **kwargs)
-
-
-@pytest.fixture(scope="module")
-def admin(server: ServerProcess) -> Iterator[httpx.Client]:
-    with server.client() as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def member_key(server: ServerProcess) -> str:
-    return str(server.create_key("member", name="pool-slots-member")["key"])
-
-
-@pytest.fixture(scope="module")
-def member(server: ServerProcess, member_key: str) -> Iterator[httpx.Client]:
-    with server.client(member_key) as c:
-        yield c
 
 
 # --- renew -----------------------------------------------------------------------------------
@@ -401,8 +323,7 @@ def test_outcome_reports_are_counted(admin: httpx.Client, member: httpx.Client) 
     assert stats["status_429"] == 1, stats
     assert stats["throttled"] == 5, stats
     assert stats["last_retry_after_ms"] == 2500, stats
-    assert isinstance(stats["last_reported_at"], str) and AT.match(stats["last_reported_at"]), \
-        stats
+    parse_at(stats["last_reported_at"])  # a time, in the `_at` format
     assert stats["reclaimed"] == 0
 
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import httpx
 import pytest
-from support import ServerProcess, unique_name
 
 from fencepost.server.routes.table import ROUTES
+from support import ServerProcess, unique_name
 
 ROLES = ["reader", "member", "admin"]
 WRONG_BODY = {"no_such_field": 1}

@@ -66,7 +66,7 @@ def stop(proc: subprocess.Popen[Any]) -> int:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=5)
-            raise AssertionError("server ignored SIGTERM for 15 s")
+            raise AssertionError("server ignored SIGTERM for 15 s") from None
     return int(proc.returncode)
 
 

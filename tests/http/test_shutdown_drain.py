@@ -6,23 +6,14 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from support import ServerProcess, lock_headers, new_token, unique_name
 
-
-def poll(predicate: Callable[[], Any], timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() >= deadline:
-            return value
-        time.sleep(0.05)
+from support import ServerProcess, lock_headers, new_token, unique_name, wait_for
 
 
 def status_on_new_connection(server: ServerProcess, path: str) -> int | None:
@@ -52,7 +43,8 @@ class Parked:
         self.thread = threading.Thread(target=self._wait, args=(server,), daemon=True)
         self.thread.start()
         with server.client() as c:
-            assert poll(lambda: c.get(f"/v1/locks/{self.name}").json()["waiters"] == 1), (
+            assert wait_for(lambda: c.get(f"/v1/locks/{self.name}").json()["waiters"] == 1,
+                            timeout=10.0), (
                 "the waiter never got in line"
             )
 
@@ -86,7 +78,8 @@ def test_sigterm_turns_readiness_off_then_drains_then_closes(
     srv = draining_server
     parked = Parked(srv)
     sigterm(srv)
-    assert poll(lambda: status_on_new_connection(srv, "/readyz") == 503), "/readyz stayed up"
+    assert wait_for(lambda: status_on_new_connection(srv, "/readyz") == 503, timeout=10.0), \
+        "/readyz stayed up"
     with srv.client() as c:
         ready = c.get("/readyz")
         assert ready.json()["error"]["code"] == "shutting_down"
@@ -107,7 +100,8 @@ def test_sigterm_turns_readiness_off_then_drains_then_closes(
     resp = parked.answer()
     assert resp.status_code == 503, resp.text
     assert resp.json()["error"]["code"] == "shutting_down"
-    assert poll(lambda: status_on_new_connection(srv, "/livez") is None), "still accepting"
+    assert wait_for(lambda: status_on_new_connection(srv, "/livez") is None, timeout=10.0), \
+        "still accepting"
     assert srv.proc is not None and srv.proc.wait(timeout=30) == 0
 
 
@@ -137,7 +131,7 @@ def test_drain_seconds_from_the_environment_and_bad_values(tmp_path: Path) -> No
     srv.start()
     try:
         sigterm(srv)
-        assert poll(lambda: status_on_new_connection(srv, "/readyz") == 503)
+        assert wait_for(lambda: status_on_new_connection(srv, "/readyz") == 503, timeout=10.0)
         assert status_on_new_connection(srv, "/v1/whoami") == 200  # draining, not closed
     finally:
         srv.stop()  # a second SIGTERM ends the drain

@@ -16,10 +16,10 @@ from pathlib import Path
 import httpx
 import pytest
 import trustme
-from support import ServerProcess, free_port, unique_name
 
 import fencepost
 from fencepost.errors import TransportError
+from support import ServerProcess, free_port, unique_name
 
 GUARD_S = 20.0
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from support import (
     ServerProcess,
     free_port,

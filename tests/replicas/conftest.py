@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
 
 from pg_support import temporary_database
-from support import ServerProcess
+from support import ServerProcess, faketime_library, server_fleet
 
 
 @pytest.fixture
@@ -22,18 +19,14 @@ def pg_url() -> Iterator[str]:
 
 @pytest.fixture
 def start_replica(tmp_path: Path, pg_url: str) -> Iterator[Callable[..., ServerProcess]]:
-    started: list[ServerProcess] = []
+    with server_fleet(tmp_path) as start_server:
 
-    def start(name: str, command_prefix: list[str] | None = None, **env: str) -> ServerProcess:
-        replica = ServerProcess(
-            tmp_path / name, store=pg_url, extra_env=env, command_prefix=command_prefix or []
-        )
-        started.append(replica)
-        return replica.start()
+        def start(name: str, command_prefix: list[str] | None = None, **env: str
+                  ) -> ServerProcess:
+            return start_server(name, store=pg_url, extra_env=env,
+                                command_prefix=command_prefix or [])
 
-    yield start
-    for replica in started:
-        replica.stop()
+        yield start
 
 
 @pytest.fixture
@@ -49,15 +42,5 @@ def faketime_prefix(offset: str) -> list[str]:
     process, rather than through the `faketime` command, which forks: the
     server would then be its grandchild, and neither a stop signal nor the
     parent-death signal would reach it (it kept running after the test)."""
-    tool = shutil.which("faketime")
-    if tool is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("faketime is required under CI=true (apt-get install faketime)")
-        pytest.skip("faketime is not installed")
-    # Ask the installed faketime which library it preloads (its path is built in).
-    probe = subprocess.run([tool, "-f", "+0", "printenv", "LD_PRELOAD"], capture_output=True,
-                           text=True, timeout=30, check=True)
-    library = probe.stdout.strip()
-    assert library, f"faketime preloads nothing? {probe.stderr}"
-    return ["env", f"LD_PRELOAD={library}", f"FAKETIME={offset}",
+    return ["env", f"LD_PRELOAD={faketime_library()}", f"FAKETIME={offset}",
             "FAKETIME_DONT_FAKE_MONOTONIC=1"]

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 import httpx
 import pytest
 
-from support import ServerProcess, lock_headers, new_token, poll, unique_name
+from support import ServerProcess, lock_headers, new_token, unique_name, wait_until
 
 # The old behaviour kept ghosts in line for WAITER_ALIVE_MS (5 s); the SPEC
 # says 1 s. Polls end here, generous for a loaded machine, well under 5 s.
@@ -81,7 +81,7 @@ def park_lock_waiters(park, replica: ServerProcess, watcher: ServerProcess, key:
     already = lock_waiters(watcher, key)
     futures = [park(lambda: acquire(replica, key, new_token(), wait_seconds=60))
                for _ in range(count)]
-    poll(f"{count} waiters parked", lambda: lock_waiters(watcher, key) == already + count, 10)
+    wait_until(lambda: lock_waiters(watcher, key) == already + count, f"{count} waiters parked", 10)
     return futures
 
 
@@ -100,8 +100,8 @@ def test_waiters_of_a_killed_replica_leave_the_lock_line(start_replica, parked):
     b.kill9()
     died_ms = database_now_ms(a)
     release(a, key, holder)
-    granted = poll("a fail-fast acquire on the free lock", lock_taken_on(a, key, new_token()),
-                   GHOSTS_GONE_WITHIN_S)
+    granted = wait_until(lock_taken_on(a, key, new_token()), "a fail-fast acquire on the free lock",
+                         GHOSTS_GONE_WITHIN_S)
     took_ms = at_ms(granted["acquired_at"]) - died_ms
     print(f"ghost lock waiters gone {took_ms} ms after the kill (database clock)")
     assert lock_waiters(a, key) == 0
@@ -121,7 +121,7 @@ def test_waiters_of_a_killed_replica_leave_the_pool_line(start_replica, parked):
 
     for _ in range(WAITERS):
         parked(wait_on_b)
-    poll("pool waiters parked", lambda: pool_queued(a, pool) == WAITERS, 10)
+    wait_until(lambda: pool_queued(a, pool) == WAITERS, "pool waiters parked", 10)
     b.kill9()
     died_ms = database_now_ms(a)
     with a.client() as c:
@@ -132,7 +132,7 @@ def test_waiters_of_a_killed_replica_leave_the_pool_line(start_replica, parked):
             response = c.post(f"/v1/pools/{pool}/lock/acquire")  # fail-fast
             return response.json() if response.status_code == 200 else None
 
-        granted = poll("a fail-fast acquire of the free slot", slot, GHOSTS_GONE_WITHIN_S)
+        granted = wait_until(slot, "a fail-fast acquire of the free slot", GHOSTS_GONE_WITHIN_S)
     took_ms = granted["lease_deadline"] - granted["term_ms"] - died_ms
     print(f"ghost slot waiters gone {took_ms} ms after the kill (database clock)")
     assert pool_queued(a, pool) == 0
@@ -149,8 +149,8 @@ def test_a_replica_killed_again_and_again_never_leaves_ghosts(start_replica, par
         b.kill9()
         release(a, key, holder)
         holder = new_token()
-        poll(f"round {round_}: the free lock", lock_taken_on(a, key, holder),
-             GHOSTS_GONE_WITHIN_S)
+        wait_until(lock_taken_on(a, key, holder), f"round {round_}: the free lock",
+                   GHOSTS_GONE_WITHIN_S)
         assert lock_waiters(a, key) == 0
 
 
@@ -159,7 +159,7 @@ def test_a_live_replicas_waiters_keep_their_place(start_replica, parked):
     key, holder, waiter = unique_name(), new_token(), new_token()
     assert acquire(a, key, holder).status_code == 201
     waiting = parked(lambda: acquire(b, key, waiter, wait_seconds=30))
-    poll("the waiter parked on B", lambda: lock_waiters(a, key) == 1, 10)
+    wait_until(lambda: lock_waiters(a, key) == 1, "the waiter parked on B", 10)
     time.sleep(1.5)  # several rounds of every replica's reaper pass over the line
     assert lock_waiters(a, key) == 1
     release(a, key, holder)
@@ -184,7 +184,7 @@ def test_a_live_replicas_pool_waiters_keep_their_place(start_replica, parked):
             return c.post(f"/v1/pools/{pool}/lock/acquire", json={"wait_ms": 30_000})
 
     waiting = parked(wait_on_b)
-    poll("the slot waiter parked on B", lambda: pool_queued(a, pool) == 1, 10)
+    wait_until(lambda: pool_queued(a, pool) == 1, "the slot waiter parked on B", 10)
     time.sleep(1.5)  # several reaper rounds
     assert pool_queued(a, pool) == 1
     with a.client() as c:
@@ -212,8 +212,8 @@ def test_a_hung_replica_keeps_its_waiters_places_until_they_stop_being_refreshed
         time.sleep(1.0)  # reaper rounds pass; the place was refreshed < 1 s before the stop
         jumper = acquire(a, key, new_token())
         assert jumper.status_code == 409, jumper.text
-        poll("the lock, once the hung waiter's place lapsed", lock_taken_on(a, key, new_token()),
-             8.0)
+        wait_until(lock_taken_on(a, key, new_token()),
+                   "the lock, once the hung waiter's place lapsed", 8.0)
     finally:
         b.kill9()
 
@@ -231,8 +231,8 @@ def test_a_restarted_sqlite_server_is_not_blocked_by_its_previous_lifes_waiters(
         server.kill9()
         server.start()
         release(server, key, holder)
-        poll("the free lock after the restart", lock_taken_on(server, key, new_token()),
-             GHOSTS_GONE_WITHIN_S)
+        wait_until(lock_taken_on(server, key, new_token()), "the free lock after the restart",
+                   GHOSTS_GONE_WITHIN_S)
         assert lock_waiters(server, key) == 0
     finally:
         server.stop()

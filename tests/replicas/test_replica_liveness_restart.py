@@ -12,11 +12,10 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-import psycopg
-
 from fencepost.core.leases import AcquireRequest, Granted
 from fencepost.errors import StoreUnavailable
 from fencepost.store.postgresql import PostgresStore
+from pg_support import sessions_gone
 
 from .test_database_outage import PrivatePostgres, private_pg  # noqa: F401 - the fixture
 
@@ -36,19 +35,6 @@ async def answered(step):
         except StoreUnavailable:
             await asyncio.sleep(0.1)
     raise AssertionError("the store did not come back")
-
-
-async def sessions_gone(url: str, replica: PostgresStore) -> None:
-    name = replica._engine.application_name
-    with psycopg.connect(url, autocommit=True) as conn:
-        for _ in range(100):
-            row = conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (name,)
-            ).fetchone()
-            if row is not None and row[0] == 0:
-                return
-            await asyncio.sleep(0.02)
-    raise AssertionError(f"the sessions of {name} are still there")
 
 
 async def test_after_a_database_restart_nobody_is_judged_before_reconnecting(

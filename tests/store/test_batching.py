@@ -5,30 +5,16 @@ a batch; remembered leases that another replica changed. Every backend."""
 from __future__ import annotations
 
 import asyncio
-import uuid
 
 import pytest
 
 from fencepost.core.leases import AcquireRequest, Granted
 from fencepost.core.slots import PoolConfig
 from fencepost.errors import LeaseExpired, LeaseLost, StoreUnavailable
-from fencepost.store.base import ForceReleaser, Freed, lock_freed
+from fencepost.store.base import Freed, lock_freed
 
 from .conftest import reopen
-
-P = "default"
-ADMIN = ForceReleaser("key_admin", is_admin=True)
-
-
-def token() -> str:
-    return str(uuid.uuid4())
-
-
-async def grant(store, key, tok=None, ttl=30):
-    result = await store.acquire_lock(P, key, AcquireRequest(tok or token(), ttl),
-                                      wait_alive_ms=None)
-    assert isinstance(result.outcome, Granted), result
-    return result.outcome.lease
+from .store_support import ADMIN, P, grant, token
 
 
 async def test_fencing_tokens_never_repeat_across_batches(store):

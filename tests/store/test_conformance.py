@@ -3,33 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 
 import pytest
 
 from fencepost.core.keys import Role
-from fencepost.core.leases import AcquireRequest, Busy, Granted, OnExpiry
+from fencepost.core.leases import Busy, Granted, OnExpiry
 from fencepost.errors import Conflict, LeaseExpired, LeaseLost
-from fencepost.store.base import ForceReleaser, Freed, NewKey, lock_freed
+from fencepost.store.base import Freed, NewKey, lock_freed
 
 from .conftest import reopen
-
-P = "default"
-ADMIN = ForceReleaser("key_admin", is_admin=True)
-
-
-def token() -> str:
-    return str(uuid.uuid4())
-
-
-def req(tok: str | None = None, ttl: int = 30, **kw) -> AcquireRequest:
-    return AcquireRequest(tok or token(), ttl, **kw)
-
-
-async def grant(store, key="k", tok=None, ttl=30, **kw):
-    result = await store.acquire_lock(P, key, req(tok, ttl, **kw), wait_alive_ms=None)
-    assert isinstance(result.outcome, Granted), result
-    return result.outcome.lease
+from .store_support import ADMIN, P, grant, req, token
 
 
 async def test_grant_then_refuse_then_repeat(store):

@@ -12,7 +12,7 @@ from fencepost.core.slots import PoolConfig
 from fencepost.errors import NotFound
 from fencepost.store.base import LINE_SHOWN, KeyRef, NewKey
 
-P = "default"
+from .store_support import P
 
 
 def req(key_id: str | None, wait_ms: int = 0) -> AcquireRequest:

@@ -11,8 +11,7 @@ from fencepost.errors import Capped, NotFound
 from fencepost.store.base import Freed, SlotReport, pool_freed
 
 from .conftest import reopen
-
-P = "default"
+from .store_support import P
 
 
 async def test_put_creates_then_replaces(store):

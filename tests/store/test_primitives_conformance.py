@@ -4,31 +4,14 @@ delay (§3.9) and key refresh (§5), identical on every backend."""
 from __future__ import annotations
 
 import asyncio
-import uuid
 
 import pytest
 
-from fencepost.core.leases import AcquireRequest, Busy, Granted
+from fencepost.core.leases import Busy, Granted
 from fencepost.errors import Forbidden, LeaseLost, Unauthorized, ValidationError
 from fencepost.store.base import ForceReleaser, Freed, lock_freed
 
-P = "default"
-ADMIN = ForceReleaser("key_admin", is_admin=True)
-
-
-def token() -> str:
-    return str(uuid.uuid4())
-
-
-def req(tok: str | None = None, ttl: int = 30, **kw) -> AcquireRequest:
-    return AcquireRequest(tok or token(), ttl, **kw)
-
-
-async def grant(store, key="k", tok=None, ttl=30, **kw):
-    result = await store.acquire_lock(P, key, req(tok, ttl, **kw), wait_alive_ms=None)
-    assert isinstance(result.outcome, Granted), result
-    return result.outcome.lease
-
+from .store_support import ADMIN, P, grant, req, token
 
 # --- owner force release (§3.5) ------------------------------------------------
 

@@ -19,16 +19,12 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from fencepost.core import leases as rules
 from fencepost.core.leases import AcquireRequest, Granted, Lease
 from fencepost.errors import LeaseExpired, LeaseLost
-from fencepost.store.base import ForceReleaser
 from fencepost.store.sqlite import SqliteStore
 
 from .conftest import FakeClock
+from .store_support import ADMIN, P
 
-P = "default"
 KEYS = ("a", "b")
-ADMIN = ForceReleaser("key_admin", is_admin=True)
-
-
 @dataclass
 class Waiter:
     key: str

@@ -14,10 +14,11 @@ from fencepost.core.leases import AcquireRequest, Busy, Granted
 from fencepost.core.slots import PoolConfig
 from fencepost.store.base import Freed, lock_freed, pool_freed
 from fencepost.store.sql_store import SqlStore
+from pg_support import sessions_gone
 
 from .conftest import FakeClock, reopen
+from .store_support import P
 
-P = "default"
 ALIVE_MS = 60_000  # far beyond anything these tests wait for
 
 
@@ -54,7 +55,7 @@ async def test_a_previous_lifes_waiters_leave_at_the_next_lifes_first_reap(store
     holder = await fill_lines(store)
     await store.close()  # the process ends: its waiters can never be answered
     if store.url_scheme == "postgresql":
-        await sessions_gone(store)
+        await sessions_gone(store.url, store)
     after = await opened(store, clock)
     heard: list[Freed] = []
     after.add_freed_listener(heard.append)
@@ -96,22 +97,6 @@ def postgresql_only(store: SqlStore) -> None:
         pytest.skip("replicas are judged by database sessions only on PostgreSQL")
 
 
-async def sessions_gone(replica) -> None:  # a closed PostgresStore
-    """PostgreSQL ends a session a moment after its client closed it."""
-    import psycopg
-
-    name = replica._engine.application_name
-    with psycopg.connect(replica.url, autocommit=True) as conn:
-        for _ in range(100):
-            row = conn.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (name,)
-            ).fetchone()
-            if row is not None and row[0] == 0:
-                return
-            await asyncio.sleep(0.02)
-    raise AssertionError(f"the sessions of {name} are still there")
-
-
 async def test_a_live_replicas_waiters_survive_the_other_replicas_reaps(store, clock):
     b = await opened(store, clock)
     try:
@@ -130,7 +115,7 @@ async def test_two_replicas_reaping_at_once_remove_a_dead_ones_waiters_once(stor
         await fill_lines(b)
         await b.close()  # as a kill does: the kernel closes its connections
         if store.url_scheme == "postgresql":
-            await sessions_gone(b)
+            await sessions_gone(b.url, b)
         await asyncio.gather(store.reap(), c.reap(), store.reap())
         assert await line_lengths(store) == (0, 0)
         for _ in range(50):  # heard here, or from the other replica by NOTIFY
@@ -149,7 +134,7 @@ async def test_a_replica_that_cannot_see_its_own_session_judges_nobody_dead(stor
     b = await opened(store, clock)
     await fill_lines(b)
     await b.close()
-    await sessions_gone(b)
+    await sessions_gone(b.url, b)
     renamed = "SET application_name = 'renamed'"
     await store._writer.run(lambda tx: tx.execute(renamed))  # the writer runs the reaper
     await store.reap()

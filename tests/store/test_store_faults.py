@@ -23,7 +23,7 @@ from fencepost.store.sql_store import WRITE_PROBE_EVERY_MS
 from fencepost.store.sqlite import SqliteEngine, SqliteStore
 
 from .conftest import FakeClock, reopen
-from .test_conformance import P, grant
+from .store_support import P, grant
 
 
 def set_counter(store, value: int) -> None:

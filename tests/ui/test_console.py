@@ -19,9 +19,9 @@ from typing import Any, Callable, TypeVar
 
 import httpx
 import pytest
-from support import ServerProcess, lock_headers, unique_name
 
 import fencepost
+from support import ServerProcess, lock_headers, unique_name
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from pg_support import temporary_database
-from support import ServerProcess, lock_headers, new_token, poll, unique_name
+from support import ServerProcess, lock_headers, new_token, unique_name, wait_until
 
 WORKERS = 2
 # A waiter parked on one worker is granted within 100 ms of a release on the
@@ -136,7 +136,7 @@ def test_a_waiter_on_one_worker_is_granted_when_another_worker_releases(
 
             thread = threading.Thread(target=wait, daemon=True)
             thread.start()
-            poll("the waiter in line", lambda key=key: waiters(one, key) == 1, 10)
+            wait_until(lambda key=key: waiters(one, key) == 1, "the waiter in line", 10)
             assert release(one, key, holder).json() == {"released": True}
             released_at = time.monotonic()
             thread.join(30)
@@ -214,18 +214,17 @@ def test_a_killed_workers_waiters_leave_the_line_and_it_is_restarted(
 
         parked = threading.Thread(target=park, daemon=True)
         parked.start()
-        poll("the waiter in line", lambda: waiters(one, key) == 1, 10)
+        wait_until(lambda: waiters(one, key) == 1, "the waiter in line", 10)
         os.kill(_pid_of_worker(workers, 2), signal.SIGKILL)  # the one serving `two`
         parked.join(10)
         assert release(one, key, holder).json() == {"released": True}
-        took = poll("the lock, free of the dead worker's waiter",
-                    lambda: acquire(one, key, new_token()).status_code == 201,
-                    GHOSTS_GONE_WITHIN_S)
+        took = wait_until(lambda: acquire(one, key, new_token()).status_code == 201,
+                          "the lock, free of the dead worker's waiter", GHOSTS_GONE_WITHIN_S)
         assert took
         assert waiters(one, key) == 0
-        poll("a new worker in the dead one's place",
-             lambda: len(set(worker_pids(workers)) - before) == 1
-             and len(worker_pids(workers)) == WORKERS, 20)
+        wait_until(lambda: len(set(worker_pids(workers)) - before) == 1
+                   and len(worker_pids(workers)) == WORKERS,
+                   "a new worker in the dead one's place", 20)
         again = clients_on_every_worker(workers)
         for client in again.values():
             assert client.get("/readyz").status_code == 200
@@ -253,8 +252,8 @@ def test_every_worker_notices_a_deleted_store_file(tmp_path: Path) -> None:
         for suffix in ("", "-wal", "-shm"):
             Path(f"{server.db_path}{suffix}").unlink(missing_ok=True)
         for number, client in clients.items():
-            poll(f"worker {number}'s /readyz at 503",
-                 lambda client=client: client.get("/readyz").status_code == 503, 10)
+            wait_until(lambda client=client: client.get("/readyz").status_code == 503,
+                       f"worker {number}'s /readyz at 503", 10)
             refused = acquire(client, unique_name("lost"), new_token())
             assert refused.status_code == 503, (number, refused.text)
             assert refused.json()["error"]["code"] == "store_unavailable"
@@ -296,8 +295,9 @@ def test_any_workers_metrics_count_every_workers_requests(workers: ServerProcess
         parked = threading.Thread(
             target=lambda: acquire(clients[2], key, new_token(), wait_seconds=30), daemon=True)
         parked.start()
-        poll("the parked waiter in worker 1's metrics",
-             lambda: sample(clients[1].get("/metrics").text, "fencepost_waiters_parked") == 1, 10)
+        wait_until(
+            lambda: sample(clients[1].get("/metrics").text, "fencepost_waiters_parked") == 1,
+            "the parked waiter in worker 1's metrics", 10)
         assert release(clients[1], key, holder).json() == {"released": True}
         parked.join(30)
     finally:
@@ -323,7 +323,7 @@ def test_sigterm_answers_parked_waiters_on_every_worker_and_exits_0(
         threads = [threading.Thread(target=park, args=(n,), daemon=True) for n in clients]
         for thread in threads:
             thread.start()
-        poll("a waiter from each worker", lambda: waiters(clients[1], key) == WORKERS, 10)
+        wait_until(lambda: waiters(clients[1], key) == WORKERS, "a waiter from each worker", 10)
         assert workers.terminate() == 0
         for thread in threads:
             thread.join(15)
@@ -345,8 +345,8 @@ def test_readyz_turns_503_on_every_worker_during_the_drain(tmp_path: Path) -> No
         assert server.proc is not None
         os.kill(server.proc.pid, signal.SIGTERM)  # the supervisor alone, as systemd does
         for client in clients.values():
-            poll("/readyz at 503", lambda client=client: client.get("/readyz").status_code == 503,
-                 10)
+            wait_until(lambda client=client: client.get("/readyz").status_code == 503,
+                       "/readyz at 503", 10)
             assert client.get("/livez").status_code == 200
         os.kill(server.proc.pid, signal.SIGTERM)  # a second one ends the drain
         assert server.proc.wait(20) == 0
