@@ -28,6 +28,7 @@ from fencepost.store.base import (
     LockView,
     NewKey,
     PoolView,
+    SetAttempt,
     SlotAttempt,
     SlotHolderView,
     SlotReport,
@@ -200,8 +201,30 @@ class SqlStore:
             lambda tx: locks.retry_waiter(tx, self._known, project, key, request, ticket, place)
         )
 
+    async def acquire_lock_set(
+        self, project: str, keys: list[str], request: AcquireRequest, *,
+        wait_alive_ms: int | None,
+    ) -> SetAttempt:
+        place = None if wait_alive_ms is None else self._place(wait_alive_ms)
+        return await self._writer.run(
+            lambda tx: locks.acquire_set(tx, self._known, project, keys, request, place)
+        )
+
+    async def retry_set_waiter(
+        self, project: str, keys: list[str], request: AcquireRequest, ticket: int,
+        alive_ms: int,
+    ) -> SetAttempt:
+        place = self._place(alive_ms)
+        return await self._writer.run(
+            lambda tx: locks.retry_set_waiter(
+                tx, self._known, project, keys, request, ticket, place
+            )
+        )
+
     async def leave_line(self, project: str, key: str, ticket: int) -> None:
-        await self._writer.run(lambda tx: locks.leave_line(tx, project, key, ticket))
+        # Tickets are unique across locks (a set's one ticket names its places
+        # in every line), so the ticket alone says which places to give up.
+        await self._writer.run(lambda tx: locks.leave_line(tx, ticket))
 
     async def renew_lock(self, project: str, key: str, lock_token: str, ttl_seconds: int) -> Lease:
         return await self._writer.run_steps(
