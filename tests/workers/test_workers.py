@@ -394,6 +394,28 @@ def test_cores_is_one_worker_per_core_this_process_may_use() -> None:
     assert WorkerCount().convert(" 3 ", None, None) == 3
 
 
+def test_metrics_folders_of_killed_supervisors_are_removed(tmp_path: Path) -> None:
+    """A supervisor killed by kill -9 cannot remove its metrics folder; the
+    next one to start does."""
+    import tempfile
+
+    from fencepost.server.workers import new_metrics_dir
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    stale = Path(tempfile.mkdtemp(prefix=f"fencepost-metrics-{gone.stdout.strip()}-"))
+    live = Path(tempfile.mkdtemp(prefix=f"fencepost-metrics-{os.getppid()}-"))
+    made = Path(new_metrics_dir())
+    try:
+        assert not stale.exists()
+        assert live.exists() and made.is_dir()
+        assert made.name.startswith(f"fencepost-metrics-{os.getpid()}-")
+    finally:
+        for folder in (stale, live, made):
+            if folder.exists():
+                folder.rmdir()
+
+
 def _serve(
     tmp_path: Path, *args: str, workers: str = str(WORKERS)
 ) -> subprocess.CompletedProcess[str]:

@@ -44,6 +44,7 @@ import tempfile
 import time
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import Callable
 
@@ -115,6 +116,31 @@ async def prepare_store(
         on_bootstrap(secret, options.bootstrap_key is None)
 
 
+_METRICS_PREFIX = "fencepost-metrics-"
+
+
+def new_metrics_dir() -> str:
+    """A fresh folder for the workers' metrics, named after this process; the
+    folders of supervisors that died without removing theirs (kill -9) are
+    removed on the way."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{_METRICS_PREFIX}*-*"):
+        owner = folder.name.removeprefix(_METRICS_PREFIX).split("-", 1)[0]
+        if owner.isdigit() and folder.stat().st_uid == os.getuid() \
+                and not _alive(int(owner)):
+            shutil.rmtree(folder, ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{_METRICS_PREFIX}{os.getpid()}-")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
+
+
 @dataclass(slots=True)
 class _Worker:
     number: int
@@ -134,7 +160,7 @@ class Supervisor:
         self.deaths: deque[float] = deque()
         # Each worker's metrics live in files here, so that any worker's
         # /metrics answers for all (see server/metrics.py).
-        self.metrics_dir = tempfile.mkdtemp(prefix="fencepost-metrics-")
+        self.metrics_dir = new_metrics_dir()
 
     # --- workers -------------------------------------------------------------
     def spawn(self, number: int, port: int) -> None:
