@@ -170,6 +170,8 @@ class Pool:
     async def send(self, method: str, path: str, *, params: Mapping[str, str] | None,
                    headers: Mapping[str, str], body: bytes | None,
                    connect_timeout: float, read_timeout: float) -> Reply:
+        if self._closed:
+            raise RuntimeError("the client is closed: no request can be sent")
         request = self._request(method, path, params, {**self._defaults, **headers}, body)
         try:
             connection = await self._checkout(connect_timeout, read_timeout)
