@@ -144,28 +144,20 @@ async def test_a_refused_connection_was_not_sent() -> None:
     assert caught.value.maybe_sent is False
 
 
-async def test_an_answer_cut_off_may_have_been_sent(
-        fake: Callable[[Answer], Awaitable[tuple[str, Seen]]]) -> None:
-    async def half(writer: asyncio.StreamWriter, head: str, seen: Seen) -> bool:
-        writer.write(not_found("k")[:40])
-        return False
+@pytest.mark.parametrize(("sent", "close", "error"), [
+    (not_found("k")[:40], True, "Cannot reach .*closed the connection"),  # cut off
+    (b"SPDY/9 what\r\n\r\n", False, "malformed answer"),  # not HTTP
+])
+async def test_a_broken_answer_is_a_transport_error_that_may_have_been_sent(
+        fake: Callable[[Answer], Awaitable[tuple[str, Seen]]],
+        sent: bytes, close: bool, error: str) -> None:
+    async def broken(writer: asyncio.StreamWriter, head: str, seen: Seen) -> bool:
+        writer.write(sent)
+        return not close
 
-    url, _ = await fake(half)
+    url, _ = await fake(broken)
     async with fencepost.AsyncClient(url, retries=ONCE) as client:
-        with pytest.raises(TransportError, match="Cannot reach") as caught:
-            await client.get_lock("k")
-    assert caught.value.maybe_sent is True
-
-
-async def test_garbage_instead_of_an_answer_is_a_transport_error(
-        fake: Callable[[Answer], Awaitable[tuple[str, Seen]]]) -> None:
-    async def garbage(writer: asyncio.StreamWriter, head: str, seen: Seen) -> bool:
-        writer.write(b"SPDY/9 what\r\n\r\n")
-        return True
-
-    url, _ = await fake(garbage)
-    async with fencepost.AsyncClient(url, retries=ONCE) as client:
-        with pytest.raises(TransportError, match="malformed answer") as caught:
+        with pytest.raises(TransportError, match=error) as caught:
             await client.get_lock("k")
     assert caught.value.maybe_sent is True
 
