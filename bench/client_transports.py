@@ -149,6 +149,29 @@ async def _acquire(url: str, prefix: str) -> list[Lease]:
         return [await client.acquire_lock(f"{prefix}-{i}", ttl=TTL) for i in range(IN_FLIGHT)]
 
 
+def measure(requests: int, rounds: int,
+            say: Callable[[str], None] = print) -> dict[str, float]:
+    """Start a server and measure every stack; the best CPU seconds per renewal of each."""
+    best: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="fencepost-transports-") as tmp:
+        server = Fencepost(name="fencepost-sqlite", store="sqlite")
+        with server.running(Path(tmp)):
+            leases = asyncio.run(_acquire(server.base_url, "transports"))
+            for round_ in range(rounds):
+                for name, stack in stacks().items():
+                    cpu = asyncio.run(stack(server.base_url, leases, requests))
+                    best[name] = min(cpu, best.get(name, cpu))
+                    say(f"round {round_ + 1}: {name}: {cpu * 1e6:.0f} µs")
+    return best
+
+
+def markdown(best: dict[str, float]) -> str:
+    lines = [str(machine.describe(venv_python())), "",
+             "| stack | client CPU per renewal (µs) |", "|---|---|"]
+    lines += [f"| {name} | {cpu * 1e6:.0f} |" for name, cpu in best.items()]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=20000, help="renewals per stack and round")
@@ -156,20 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.requests < IN_FLIGHT or args.rounds < 1:
         parser.error(f"--requests at least {IN_FLIGHT}, --rounds at least 1")
-    best: dict[str, float] = {}
-    with tempfile.TemporaryDirectory(prefix="fencepost-transports-") as tmp:
-        server = Fencepost(name="fencepost-sqlite", store="sqlite")
-        with server.running(Path(tmp)):
-            leases = asyncio.run(_acquire(server.base_url, "transports"))
-            for round_ in range(args.rounds):
-                for name, stack in stacks().items():
-                    cpu = asyncio.run(stack(server.base_url, leases, args.requests))
-                    best[name] = min(cpu, best.get(name, cpu))
-                    print(f"round {round_ + 1}: {name}: {cpu * 1e6:.0f} µs", file=sys.stderr)
-    m = machine.describe(venv_python())
-    print(f"{m}\n\n| stack | client CPU per renewal (µs) |\n|---|---|")
-    for name, cpu in best.items():
-        print(f"| {name} | {cpu * 1e6:.0f} |")
+    best = measure(args.requests, args.rounds, lambda line: print(line, file=sys.stderr))
+    print(markdown(best))
     return 0
 
 

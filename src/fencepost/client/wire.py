@@ -125,7 +125,9 @@ class Connection(asyncio.Protocol):
             self.close()
             raise Failure("ReadTimeout", "no answer in time", sent=True, timeout=True) from None
         except BaseException:
-            self.close()  # cancelled mid-exchange: the answer would arrive out of step
+            # Failed or cancelled mid-exchange: what the server still sends
+            # would be read as the next request's answer.
+            self.close()
             raise
         finally:
             self._answer = None
