@@ -18,7 +18,7 @@ import pytest
 import fencepost
 from fencepost.client import Retries
 from fencepost.errors import NotFound, TransportError
-from support import free_port
+from support import ServerProcess, free_port, unique_name
 
 ONCE = Retries(attempts=1)
 
@@ -229,3 +229,24 @@ async def test_a_closed_client_sends_nothing(
     with pytest.raises(RuntimeError, match="closed"):
         await client.get_lock("k")
     assert seen.connections == 0
+
+
+def test_the_client_runs_on_uvloop(server: ServerProcess) -> None:
+    """uvloop's transports are not asyncio's classes; the server runs on uvloop,
+    and so may a program using the client."""
+    import uvloop  # a dependency wherever the server runs on it (CPython, not Windows)
+
+    async def hold_and_fail() -> tuple[int, bool]:
+        async with fencepost.AsyncClient(server.base_url, server.admin_key) as client:
+            lease = await client.acquire_lock(unique_name("uvloop"), ttl=30)
+            for _ in range(3):
+                await client.renew_lock(lease.key, lease.lock_token, ttl=30)
+            await client.release_lock(lease.key, lease.lock_token)
+        async with fencepost.AsyncClient(f"http://127.0.0.1:{free_port()}",
+                                         retries=ONCE) as nowhere:
+            with pytest.raises(TransportError) as caught:
+                await nowhere.whoami()
+        return lease.fencing_token, caught.value.maybe_sent
+
+    token, maybe_sent = uvloop.run(hold_and_fail())
+    assert token > 0 and maybe_sent is False

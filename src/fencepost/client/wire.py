@@ -24,6 +24,7 @@ import ssl
 import time
 from collections import deque
 from collections.abc import Mapping
+from typing import cast
 from urllib.parse import urlencode, urlsplit
 
 import httptools
@@ -67,8 +68,8 @@ class Connection(asyncio.Protocol):
     # asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # A stream transport (uvloop's do not subclass asyncio.Transport).
+        self._transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         if self._answer is None or self._answer.done():
