@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/run.py [--seconds 10] [--connections 64]
                                   [--only sqlite,postgresql,etcd,redis] [--workloads a,b,c,d]
+                                  [--workers 1,2,4]
                                   [--results-dir bench/results]
 
 Starts each system itself on 127.0.0.1 (free ports, temp dirs; a fresh
@@ -51,10 +52,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true",
                         help="sample the fencepost server with py-spy during each workload "
                              "(writes <results-dir>/profiles/)")
+    parser.add_argument("--workers", default="1",
+                        help="comma-separated worker counts: each fencepost store is measured "
+                             "with `serve --workers N` for each (default 1); more than one "
+                             "count adds a scaling table")
     parser.add_argument("--no-install", action="store_true",
                         help="never apt-get install a missing peer or tool")
     args = parser.parse_args(argv)
 
+    try:
+        workers = [int(n) for n in args.workers.split(",") if n.strip()]
+    except ValueError:
+        parser.error(f"--workers: {args.workers!r} is not a list of counts such as 1,2,4")
     sys.path.insert(0, str(HERE))
     from fpbench.runner import run_benchmark
 
@@ -66,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             warmup=args.warmup, python_seconds=args.python_seconds,
             results_dir=Path(args.results_dir), install=not args.no_install,
             pg_admin_url=args.pg_url, profile_fencepost=args.profile,
-            rounds=args.rounds,
+            rounds=args.rounds, workers=workers,
         )
     except ValueError as exc:
         parser.error(str(exc))
