@@ -32,7 +32,7 @@ from fencepost.store.base import (
     SlotHolderView,
     SlotReport,
 )
-from fencepost.store.batch import BatchWriter, Engine, Tx
+from fencepost.store.batch import BatchWriter, Engine, Key, Keys, Tx
 from fencepost.store.health import WriteHealth, probe_writes
 from fencepost.store.sql import census, ended, fencing, keys, locks, pools, slot_holders
 from fencepost.store.sql.known_leases import KnownLeases
@@ -57,13 +57,21 @@ REAP_BOUND = 1_000
 
 
 DEFAULT_READERS = 2
+# Key management (create, refresh, revoke, bootstrap) is rare, and a refresh
+# must not slip past a revocation of its parent: all of it is one key.
+_KEY_MANAGEMENT: Keys = (Key("api_keys", "", ""),)
+
+
+def _quota_of(key_id: str) -> Keys:
+    return (Key("quota", "", key_id),)
 
 
 class SqlStore:
     url_scheme = "sql"
 
     def __init__(
-        self, engine: Engine, liveness: Liveness, readers: int = DEFAULT_READERS
+        self, engine: Engine, liveness: Liveness, readers: int = DEFAULT_READERS,
+        writers: int = 1,
     ) -> None:
         # Which replica this process is, stamped on its waiter rows, and how
         # the backend tells which replicas died (see sql/replicas.py).
@@ -71,7 +79,11 @@ class SqlStore:
         self._listeners: list[FreedListener] = []
         self._event_listeners: list[EventListener] = []
         self.health = WriteHealth()
-        self._writer = BatchWriter(engine, self._publish, on_failure=self.health.failed)
+        # `writers` connections, each running one batch at a time; batches on
+        # different keys run concurrently (see batch.py).
+        self._writer = BatchWriter(
+            engine, self._publish, on_failure=self.health.failed, connections=writers
+        )
         # Reads run on their own connections, so a GET never queues behind a
         # write batch (nor, on PostgreSQL, behind other replicas' batches).
         self._readers = [
@@ -80,7 +92,7 @@ class SqlStore:
         ]
         self._next_reader = itertools.cycle(self._readers or [self._writer])
         self._pepper = b""
-        self._known = KnownLeases()  # the writer thread's alone
+        self._known = KnownLeases()  # shared by the writer's threads
         self._last_prune_ms = 0
         # While set, pruning the memory of ended leases older than this goes on
         # pass after pass until it is done.
@@ -151,15 +163,19 @@ class SqlStore:
 
     # --- projects and keys -------------------------------------------------
     async def bootstrap(self, secret: str | None) -> str | None:
-        return await self._writer.run(lambda tx: keys.bootstrap(tx, self._pepper, secret))
+        return await self._writer.run(
+            lambda tx: keys.bootstrap(tx, self._pepper, secret), _KEY_MANAGEMENT
+        )
 
     async def create_project(self, name: str) -> str:
-        return await self._writer.run(lambda tx: keys.create_project(tx, self._pepper, name))
+        return await self._writer.run(
+            lambda tx: keys.create_project(tx, self._pepper, name), _KEY_MANAGEMENT
+        )
 
     async def create_key(self, project: str, new: NewKey) -> tuple[KeyRecord, str]:
         secret = new_secret()
         record = await self._writer.run(
-            lambda tx: keys.insert_key(tx, self._pepper, project, new, secret)
+            lambda tx: keys.insert_key(tx, self._pepper, project, new, secret), _KEY_MANAGEMENT
         )
         return record, secret
 
@@ -167,12 +183,15 @@ class SqlStore:
         return await self._read(lambda tx: keys.list_keys(tx, project))
 
     async def revoke_key(self, project: str, key_id: str) -> bool:
-        return await self._writer.run(lambda tx: keys.revoke_key(tx, project, key_id))
+        return await self._writer.run(
+            lambda tx: keys.revoke_key(tx, project, key_id), _KEY_MANAGEMENT
+        )
 
     async def refresh_key(self, key_id: str, expires_in_ms: int | None) -> tuple[KeyRecord, str]:
         secret = new_secret()
         record = await self._writer.run(
-            lambda tx: keys.refresh_key(tx, self._pepper, key_id, expires_in_ms, secret)
+            lambda tx: keys.refresh_key(tx, self._pepper, key_id, expires_in_ms, secret),
+            _KEY_MANAGEMENT,
         )
         return record, secret
 
@@ -181,7 +200,9 @@ class SqlStore:
         return await self._read(lambda tx: keys.find_key(tx, wanted))
 
     async def admit_request(self, key_id: str, per_minute: int) -> int | None:
-        return await self._writer.run(lambda tx: keys.admit_request(tx, key_id, per_minute))
+        return await self._writer.run(
+            lambda tx: keys.admit_request(tx, key_id, per_minute), _quota_of(key_id)
+        )
 
     # --- locks ---------------------------------------------------------------
     async def acquire_lock(
@@ -189,7 +210,8 @@ class SqlStore:
     ) -> AcquireResult:
         place = None if wait_alive_ms is None else self._place(wait_alive_ms)
         return await self._writer.run_steps(
-            lambda tx: locks.acquire(tx, self._known, project, key, request, place)
+            lambda tx: locks.acquire(tx, self._known, project, key, request, place),
+            locks.key_of(project, key),
         )
 
     async def retry_waiter(
@@ -197,25 +219,31 @@ class SqlStore:
     ) -> AcquireResult:
         place = self._place(alive_ms)
         return await self._writer.run(
-            lambda tx: locks.retry_waiter(tx, self._known, project, key, request, ticket, place)
+            lambda tx: locks.retry_waiter(tx, self._known, project, key, request, ticket, place),
+            locks.key_of(project, key),
         )
 
     async def leave_line(self, project: str, key: str, ticket: int) -> None:
-        await self._writer.run(lambda tx: locks.leave_line(tx, project, key, ticket))
+        await self._writer.run(
+            lambda tx: locks.leave_line(tx, project, key, ticket), locks.key_of(project, key)
+        )
 
     async def renew_lock(self, project: str, key: str, lock_token: str, ttl_seconds: int) -> Lease:
         return await self._writer.run_steps(
-            lambda tx: locks.renew(tx, self._known, project, key, lock_token, ttl_seconds)
+            lambda tx: locks.renew(tx, self._known, project, key, lock_token, ttl_seconds),
+            locks.key_of(project, key),
         )
 
     async def release_lock(self, project: str, key: str, lock_token: str) -> bool:
         return await self._writer.run_steps(
-            lambda tx: locks.release(tx, self._known, project, key, lock_token)
+            lambda tx: locks.release(tx, self._known, project, key, lock_token),
+            locks.key_of(project, key),
         )
 
     async def force_release(self, project: str, key: str, by: ForceReleaser) -> ForceReleased:
         return await self._writer.run(
-            lambda tx: locks.force_release(tx, self._known, project, key, by)
+            lambda tx: locks.force_release(tx, self._known, project, key, by),
+            locks.key_of(project, key),
         )
 
     async def get_lock(self, project: str, key: str) -> LockView:
@@ -231,7 +259,9 @@ class SqlStore:
 
     # --- pools ---------------------------------------------------------------
     async def put_pool(self, project: str, name: str, config: PoolConfig) -> tuple[PoolView, bool]:
-        return await self._writer.run(lambda tx: pools.put(tx, project, name, config))
+        return await self._writer.run(
+            lambda tx: pools.put(tx, project, name, config), pools.key_of(project, name)
+        )
 
     async def get_pool(self, project: str, name: str) -> PoolView | None:
         return await self._read(lambda tx: pools.view(tx, project, name))
@@ -242,7 +272,9 @@ class SqlStore:
         return await self._read(lambda tx: pools.list_views(tx, project, prefix, after, limit))
 
     async def delete_pool(self, project: str, name: str) -> bool:
-        return await self._writer.run(lambda tx: pools.delete(tx, project, name))
+        return await self._writer.run(
+            lambda tx: pools.delete(tx, project, name), pools.key_of(project, name)
+        )
 
     async def acquire_slot(
         self, project: str, pool: str, *, wait_alive_ms: int | None, key_id: str | None = None
@@ -251,7 +283,8 @@ class SqlStore:
         return await self._writer.run(
             lambda tx: slot_holders.stamp_holder(
                 tx, pools.acquire(tx, project, pool, place), key_id
-            )
+            ),
+            pools.key_of(project, pool),
         )
 
     async def retry_slot_waiter(
@@ -261,23 +294,29 @@ class SqlStore:
         return await self._writer.run(
             lambda tx: slot_holders.stamp_holder(
                 tx, pools.retry_waiter(tx, project, pool, ticket, place), key_id
-            )
+            ),
+            pools.key_of(project, pool),
         )
 
     async def list_slots(self, project: str, pool: str) -> list[SlotHolderView]:
         return await self._read(lambda tx: slot_holders.list_slots(tx, project, pool))
 
     async def leave_slot_line(self, project: str, pool: str, ticket: int) -> None:
-        await self._writer.run(lambda tx: pools.leave_line(tx, project, pool, ticket))
+        await self._writer.run(
+            lambda tx: pools.leave_line(tx, project, pool, ticket), pools.key_of(project, pool)
+        )
 
     async def renew_slot(self, project: str, pool: str, slot_id: str) -> Slot:
-        return await self._writer.run(lambda tx: pools.renew(tx, project, pool, slot_id))
+        return await self._writer.run(
+            lambda tx: pools.renew(tx, project, pool, slot_id), pools.key_of(project, pool)
+        )
 
     async def release_slot(
         self, project: str, pool: str, slot_id: str, report: SlotReport | None
     ) -> bool:
         return await self._writer.run(
-            lambda tx: pools.release(tx, project, pool, slot_id, report)
+            lambda tx: pools.release(tx, project, pool, slot_id, report),
+            pools.key_of(project, pool),
         )
 
     # --- background ------------------------------------------------------------

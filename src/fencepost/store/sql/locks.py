@@ -1,9 +1,12 @@
 """Lock and lease statements (portable SQL, `?` placeholders). Each function runs
-inside the batch transaction; the batch's serialisation (BEGIN IMMEDIATE on
-SQLite, one advisory lock on PostgreSQL) makes read-decide-write atomic."""
+inside the batch transaction, whose operation declared the lock's key
+(`key_of`): holding it (BEGIN IMMEDIATE on SQLite, the key's advisory lock on
+PostgreSQL) makes read-decide-write atomic. The reaper, which finds its locks as
+it reads, claims each key before it writes (batch.py)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 from fencepost.core import leases as rules
@@ -28,9 +31,9 @@ from fencepost.store.base import (
     WaiterView,
     lock_freed,
 )
-from fencepost.store.batch import UNDECIDED, Cursor, Step, Tx, Undecided
+from fencepost.store.batch import UNDECIDED, Cursor, Key, Keys, Step, Tx, Undecided
 from fencepost.store.sql import ended, fencing
-from fencepost.store.sql.bounded import delete_oldest
+from fencepost.store.sql.bounded import delete_oldest_claimed
 from fencepost.store.sql.known_leases import KnownLeases
 from fencepost.store.sql.replicas import Place
 from fencepost.store.sql.rows import columns, width
@@ -70,16 +73,35 @@ _LEASE_VALUES = (
     "project, key, lock_token, fencing_token, acquired_ms, expires_ms, deadline_ms, dies_ms, "
     "operation, metadata, on_expiry, key_id, lock_delay_ms"
 )
+KIND = "lock"
+
+
+def key_of(project: str, key: str) -> Keys:
+    """The keys an operation on one lock touches (see batch.py)."""
+    return (Key(KIND, project, key),)
+
+
 # Written only in the state the rules were asked about: no lease row (not even
-# a dead one), no live waiter and no lock delay running. Otherwise nothing is written.
-_INSERT_IF_FREE = (
-    f"INSERT INTO locks ({_LEASE_VALUES}) SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? "
+# a dead one), no live waiter and no lock delay running. Otherwise nothing is
+# written. The fencing token (4th) is a parameter, or drawn by the statement
+# itself (a sequence) and returned.
+_IF_FREE = (
     "WHERE NOT EXISTS (SELECT 1 FROM lock_waiters "
     "WHERE project = ? AND key = ? AND alive_until_ms > ?) "
     "AND NOT EXISTS (SELECT 1 FROM lock_delays "
     "WHERE project = ? AND key = ? AND until_ms > ?) "
     "ON CONFLICT (project, key) DO NOTHING"
 )
+_INSERT_IF_FREE = (
+    f"INSERT INTO locks ({_LEASE_VALUES}) SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? {_IF_FREE}"
+)
+
+
+def _insert_if_free_drawing(token_sql: str) -> str:
+    return (
+        f"INSERT INTO locks ({_LEASE_VALUES}) SELECT ?, ?, ?, {token_sql}, ?, ?, ?, ?, ?, ?, ?, "
+        f"?, ? {_IF_FREE} RETURNING fencing_token"
+    )
 _DELAY_OF = "(SELECT d.until_ms FROM lock_delays d WHERE d.project = ? AND d.key = ?)"
 # The lease row, the waiters ahead and the lock delay in one statement.
 _LEASE_LINE_AND_DELAY = (
@@ -227,22 +249,31 @@ def acquire(
     (the rules decide for a free lock with an empty line, and the insert
     happens only if that is what the lock is), then, if it was not, the
     general case."""
+    token_sql = fencing.drawn_by_statement(tx)
     guess = rules.decide_acquire(
         key, None, request, tx.now_ms, waiters_ahead=0,
-        next_fencing_token=lambda: fencing.take(tx),
+        next_fencing_token=(lambda: 0) if token_sql else (lambda: fencing.take(tx)),
     )
     assert isinstance(guess, Granted)
-    sent = tx.execute(
-        _INSERT_IF_FREE,
-        (*_lease_values(project, guess.lease), project, key, tx.now_ms, project, key,
-         tx.now_ms),
-    )
+    values = _lease_values(project, guess.lease)
+    free = (project, key, tx.now_ms, project, key, tx.now_ms)
+    if token_sql is None:
+        sent = tx.execute(_INSERT_IF_FREE, (*values, *free))
+    else:  # the token is drawn by the insert, only if it inserts
+        sent = tx.execute(_insert_if_free_drawing(token_sql), (*values[:3], *values[4:], *free))
 
     def answer() -> AcquireResult | Undecided:
-        if sent.rowcount:
-            known.put(project, guess.lease)
-            report_grant(tx, project, guess.lease)
-            return AcquireResult(guess)
+        if token_sql is None:
+            granted = guess if sent.rowcount else None
+        else:
+            row = sent.fetchone()
+            granted = None if row is None else Granted(
+                replace(guess.lease, fencing_token=int(row[0])), created=True
+            )
+        if granted is not None:
+            known.put(project, granted.lease)
+            report_grant(tx, project, granted.lease)
+            return AcquireResult(granted)
         fencing.give_back(tx, guess.lease.fencing_token)
         return UNDECIDED
 
@@ -518,10 +549,10 @@ def reap(tx: Tx, known: KnownLeases, bound: int) -> tuple[int, bool]:
     return how many leases were freed, and whether a bound was reached (more
     may be left for the next pass).
 
-    Contract: deletes only leases that are dead now; running it twice, or on
-    two servers at once, frees nothing twice."""
-    dead, more = delete_oldest(
-        tx, "locks", "project, key", "dies_ms", tx.now_ms, bound,
+    Contract: deletes only leases that are dead now, of locks whose key it
+    claimed; running it twice, or on two servers at once, frees nothing twice."""
+    dead, more = delete_oldest_claimed(
+        tx, KIND, "locks", "project, key", "key", "dies_ms", tx.now_ms, bound,
         f"{_LEASE_COLUMNS}, project",
     )
     for row in dead:
@@ -535,13 +566,15 @@ def reap(tx: Tx, known: KnownLeases, bound: int) -> tuple[int, bool]:
         start_delay(tx, project, lease, EndReason.EXPIRED)
         tx.events.append(lock_freed(project, lease.key))
     # Locks whose delay is over: their lines may go now (SPEC §3.9).
-    delays_over, more_delays = delete_oldest(
-        tx, "lock_delays", "project, key", "until_ms", tx.now_ms, bound, "project, key"
+    delays_over, more_delays = delete_oldest_claimed(
+        tx, KIND, "lock_delays", "project, key", "key", "until_ms", tx.now_ms, bound,
+        "project, key",
     )
     for project, key in delays_over:
         tx.events.append(lock_freed(project, key))
-    gone, more_waiters = delete_oldest(
-        tx, "lock_waiters", "ticket", "alive_until_ms", tx.now_ms, bound, "project, key"
+    gone, more_waiters = delete_oldest_claimed(
+        tx, KIND, "lock_waiters", "ticket", "key", "alive_until_ms", tx.now_ms, bound,
+        "project, key",
     )
     for project, key in {(p, k) for p, k in gone}:
         tx.events.append(lock_freed(project, key))
