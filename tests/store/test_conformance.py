@@ -8,6 +8,7 @@ import pytest
 
 from fencepost.core.keys import Role
 from fencepost.core.leases import Busy, Granted, OnExpiry
+from fencepost.core.slots import PoolConfig
 from fencepost.errors import Conflict, LeaseExpired, LeaseLost
 from fencepost.store.base import Freed, NewKey, lock_freed
 
@@ -152,6 +153,38 @@ async def test_a_dead_waiter_does_not_block_the_line(store, clock):
     assert ghost.ticket is not None
     granted = await store.retry_waiter(P, "k", w2, r2.ticket, 5_000)
     assert isinstance(granted.outcome, Granted)
+
+
+async def test_the_sweep_keeps_places_that_are_running_out_and_only_those(store, clock):
+    await grant(store)
+    await store.put_pool(P, "api", PoolConfig(limit=1, queue_size=5))
+    assert (await store.acquire_slot(P, "api", wait_alive_ms=None)).slot is not None
+    lock_place = await store.acquire_lock(P, "k", req(), wait_alive_ms=2_000)
+    slot_place = await store.acquire_slot(P, "api", wait_alive_ms=2_000)
+    fresh = await store.acquire_lock(P, "k", req(), wait_alive_ms=60_000)
+    places = [("lock", P, "k", lock_place.ticket), ("pool", P, "api", slot_place.ticket),
+              ("lock", P, "k", fresh.ticket)]
+    clock.advance(1_500)
+    await store.keep_waiting(places, 10_000, 5_000)  # 500 ms left: kept; 58.5 s: untouched
+    clock.advance(9_000)  # past the first two places' own end, within the refreshed one
+    await store.reap()
+    assert (await store.get_lock(P, "k")).waiters == 2
+    assert (await store.get_pool(P, "api")).queued == 1
+    clock.advance(1_000)  # past the refreshed end; the fresh place still has 48.5 s
+    await store.reap()
+    assert (await store.get_lock(P, "k")).waiters == 1
+    assert (await store.get_pool(P, "api")).queued == 0
+
+
+async def test_the_sweep_leaves_places_it_was_not_given_alone(store, clock):
+    await grant(store)
+    mine = await store.acquire_lock(P, "k", req(), wait_alive_ms=2_000)
+    other = await store.acquire_lock(P, "k", req(), wait_alive_ms=2_000)
+    await store.keep_waiting([("lock", P, "k", mine.ticket)], 10_000, 5_000)
+    clock.advance(3_000)
+    await store.reap()
+    view = await store.get_lock(P, "k")
+    assert view.waiters == 1 and other.ticket != mine.ticket
 
 
 async def test_leaving_the_line_wakes_the_next(store):

@@ -145,6 +145,7 @@ class App:
         )
         self._paths = _paths()
         self._reaper: asyncio.Task[None] | None = None
+        self._sweeper: asyncio.Task[None] | None = None
 
     # --- lifecycle ----------------------------------------------------------
     async def startup(self) -> None:
@@ -153,6 +154,9 @@ class App:
         if secret is not None and self.config.on_bootstrap is not None:
             self.config.on_bootstrap(secret, self.config.bootstrap_key is None)
         self._reaper = asyncio.create_task(_reap_forever(self.store, self.metrics))
+        self._sweeper = asyncio.create_task(
+            self.services.waiters.sweep_forever(self.store.keep_waiting)
+        )
 
     def stop_being_ready(self) -> None:
         """/readyz (and /healthz) answer 503 from now on; everything else still
@@ -165,10 +169,11 @@ class App:
         self.services.waiters.shut()
 
     async def shutdown(self) -> None:
-        if self._reaper is not None:
-            self._reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reaper
+        for task in (self._reaper, self._sweeper):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.store.close()
         self.services.access_log.close()
         self.event_log.close()

@@ -2,8 +2,13 @@
 
 The line itself lives in the store (tickets in arrival order), so it is fair
 across replicas; this module parks the local request and wakes it when the
-store reports that something may be free. A waiter wakes on that event, or at
-least every RECHECK_S as a safety net for a lost wake-up.
+store reports that something may be free. Wake-ups are the only path a parked
+waiter takes to the store; what used to be a re-check per waiter every second
+(10,000 waiters: 10,000 store operations a second) is one sweep per process
+(`WaitRoom.sweep_forever`): every SWEEP_S it refreshes the places of every
+parked waiter in one store operation, and every SAFETY_WAKE_S it wakes the
+first waiter of each line, the safety net for a lost wake-up (a notification
+that crossed a dropped connection).
 
 Locks and pools differ only in how they talk to the store, which each states as
 a `Line`: try, retry with a ticket, leave, hand a grant back, and the error of
@@ -14,21 +19,34 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import logging
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import Awaitable, Callable, Generic, Protocol, TypeVar
 
 from fencepost.errors import FencepostError, ShuttingDown
 from fencepost.store.base import Freed
 
-RECHECK_S = 1.0
-# A waiter's place in line lasts this long unless refreshed; each retry refreshes it.
-# The waiters of a server process that died leave sooner, at the next reap of any
-# live replica (store/sql/replicas.py); this is the safety net for a process that
-# hangs without dying, or whose host vanished without closing its connections.
-WAITER_ALIVE_MS = 5000
+_log = logging.getLogger(__name__)
+
+# A waiter's place in line lasts this long unless refreshed; each retry, and
+# the sweep, refresh it. The waiters of a server process that died leave
+# sooner, at the next reap of any live replica (store/sql/replicas.py); this is
+# the safety net for a process that hangs without dying, or whose host
+# vanished without closing its connections.
+WAITER_ALIVE_MS = 10_000
+# How often the sweep refreshes the parked waiters' places, and which: those
+# with less than REFRESH_BELOW_MS left (so each place is written about every
+# WAITER_ALIVE_MS - REFRESH_BELOW_MS, not at every sweep).
+SWEEP_S = 2.5
+REFRESH_BELOW_MS = 5_000
+# How often the first waiter of each line re-checks without a wake-up.
+SAFETY_WAKE_S = 5.0
 
 T = TypeVar("T")
 Place = tuple[str, str, str]  # (kind, project, name): which line, as the store's Freed names it
+# Refreshes the places (kind, project, name, ticket) in the store, each to last
+# alive_ms more if it has less than refresh_below_ms left (Store.keep_waiting).
+KeepWaiting = Callable[[list[tuple[str, str, str, int]], int, int], Awaitable[None]]
 
 
 class ClientGone(Exception):
@@ -79,7 +97,7 @@ class WaitRoom:
     the first in line not already woken. Waking all would stampede; waking
     only the head would lose the second of two events that arrive before the
     head has run (a release, then the chain wake of the head's own admission),
-    leaving a free slot idle until the periodic re-check."""
+    leaving a free slot idle until the safety wake."""
 
     def __init__(self) -> None:
         self._lines: dict[Place, list[_Parked]] = {}
@@ -119,6 +137,32 @@ class WaitRoom:
     def shut(self) -> None:
         """Answer every parked request now (the server is stopping)."""
         self.closing.set()
+
+    def places(self) -> list[tuple[str, str, str, int]]:
+        """Every parked waiter's line and ticket."""
+        return [(*place, parked.ticket) for place, line in self._lines.items() for parked in line]
+
+    def wake_heads(self) -> None:
+        """Wake the first waiter of every line (not one already woken)."""
+        for kind, project, name in list(self._lines):
+            self.on_freed(Freed(kind, project, name))
+
+    async def sweep_forever(self, keep_waiting: KeepWaiting) -> None:
+        """Keep the parked waiters' places alive in the store, and wake each
+        line's first waiter now and then (see the module docstring)."""
+        loop = asyncio.get_running_loop()
+        woke = loop.time()
+        while True:
+            await asyncio.sleep(SWEEP_S)
+            places = self.places()
+            if places:
+                try:
+                    await keep_waiting(places, WAITER_ALIVE_MS, REFRESH_BELOW_MS)
+                except FencepostError as exc:  # each waiter's next retry refreshes it
+                    _log.warning("refreshing parked waiters: %s", exc.message)
+            if loop.time() - woke >= SAFETY_WAKE_S:
+                woke = loop.time()
+                self.wake_heads()
 
 
 async def wait_for_grant(room: WaitRoom, line: Line[T], wait_s: float, gone: asyncio.Event) -> T:
@@ -177,7 +221,9 @@ async def _wait(
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise line.timed_out(outcome)
-            pause = min(remaining, RECHECK_S, outcome.recheck_s or RECHECK_S)
+            # Woken by the store's events (and the sweep's safety wake), or
+            # when a refusal is known to end (a lock delay, a pool's pacing).
+            pause = min(remaining, outcome.recheck_s or remaining)
             await _wait_any((parked.wake, gone, room.closing), max(pause, 0.005))
             if gone.is_set():
                 raise ClientGone()

@@ -340,6 +340,15 @@ class Store(Protocol):
         """True when the slot was held. Raises NotFound for an unknown pool or a slot
         of another project or pool."""
 
+    async def keep_waiting(
+        self, places: list[tuple[str, str, str, int]], alive_ms: int, refresh_below_ms: int
+    ) -> None:
+        """Refresh waiters' places in line: for each (kind, project, name,
+        ticket), if less than `refresh_below_ms` of it is left, it lasts
+        `alive_ms` from now. One operation for every parked waiter of a
+        process; a line busy in another transaction is skipped (its waiters'
+        next sweep or retry refreshes them)."""
+
     async def reap(self) -> int:
         """Free every dead lease and slot and drop dead waiters: those whose place
         was not refreshed in time, and every waiter of a replica (server process)

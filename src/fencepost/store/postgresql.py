@@ -277,13 +277,14 @@ class PostgresStore(SqlStore):
     url_scheme = "postgresql"
 
     def __init__(
-        self, url: str, clock_ms: Callable[[], int] | None = None, readers: int = DEFAULT_READERS
+        self, url: str, clock_ms: Callable[[], int] | None = None,
+        readers: int = DEFAULT_READERS, writers: int = WRITER_CONNECTIONS,
     ) -> None:
         self.url = url
         sessions = DatabaseSessions()
         self._engine = PostgresEngine(url, clock_ms, sessions.application_name)
         self._listener: _Listener | None = None
-        super().__init__(self._engine, sessions, readers, writers=WRITER_CONNECTIONS)
+        super().__init__(self._engine, sessions, readers, writers)
 
     async def open(self) -> None:
         loop = asyncio.get_running_loop()

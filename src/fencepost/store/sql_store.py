@@ -34,7 +34,7 @@ from fencepost.store.base import (
 )
 from fencepost.store.batch import BatchWriter, Engine, Key, Keys, Tx
 from fencepost.store.health import WriteHealth, probe_writes
-from fencepost.store.sql import census, ended, fencing, keys, locks, pools, slot_holders
+from fencepost.store.sql import census, ended, fencing, keys, lines, locks, pools, slot_holders
 from fencepost.store.sql.known_leases import KnownLeases
 from fencepost.store.sql.replicas import Liveness, Place
 
@@ -320,6 +320,11 @@ class SqlStore:
         )
 
     # --- background ------------------------------------------------------------
+    async def keep_waiting(
+        self, places: list[tuple[str, str, str, int]], alive_ms: int, refresh_below_ms: int
+    ) -> None:
+        await self._writer.run(lambda tx: lines.keep(tx, places, alive_ms, refresh_below_ms))
+
     async def reap(self) -> int:
         freed = 0
         while True:
