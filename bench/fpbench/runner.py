@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import subprocess
+import sys
 import tempfile
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from fpbench import loadgen, machine, profile, pylatency, report, tools
+from fpbench import background, loadgen, machine, profile, pylatency, report, tools
 from fpbench.systems import (
+    BENCH_KEY,
     DEFAULT_PG_ADMIN_URL,
     Fencepost,
     Redis,
@@ -33,7 +36,12 @@ WORKLOADS = {
     "b": "renewals of held leases (one lease per connection)",
     "c": "one hot key contended by every connection (fail-fast)",
     "d": "pool slot acquire+release",
+    "e": "(a) while 10,000 connections wait parked in the lines of 100 held locks",
+    "f": "(a) with 1,000,000 other locks held",
 }
+# What workloads (e) and (f) add to the server while (a) runs.
+PARKED_LOCKS, PARKED_WAITERS = 100, 10_000
+HELD_LOCKS = 1_000_000
 BASELINE = "fencepost-sqlite"
 DEFAULT_RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 
@@ -96,6 +104,33 @@ def _load(system: System, workload: str, seconds: int, connections: int,
 
 def _measure(system: System, workload: str, seconds: int, connections: int, warmup: int,
              install: bool, profile_dir: Path | None = None) -> Row:
+    """`workload` against `system`; (e) and (f) run (a) with their background."""
+    if workload == "f":
+        assert isinstance(system, Fencepost)
+        background.preload_locks(system.store_url, HELD_LOCKS)
+    if workload != "e":
+        return _measure_load(system, workload, seconds, connections, warmup, install,
+                             profile_dir)
+    parker = subprocess.Popen(
+        [sys.executable, "-m", "fpbench.background", "park", system.base_url, BENCH_KEY,
+         str(PARKED_LOCKS), str(PARKED_WAITERS)],
+        cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parker.stdout is not None
+        line = parker.stdout.readline().strip()
+        if not line.startswith("parked "):
+            raise RuntimeError(f"could not park the waiters: {line or parker.wait()}")
+        row = _measure_load(system, workload, seconds, connections, warmup, install,
+                            profile_dir)
+        row.loader += f"; {line.split()[1]} waiters parked on {PARKED_LOCKS} locks"
+        return row
+    finally:
+        parker.kill()
+        parker.wait()
+
+
+def _measure_load(system: System, workload: str, seconds: int, connections: int, warmup: int,
+                  install: bool, profile_dir: Path | None = None) -> Row:
     if warmup > 0:
         _load(system, workload, warmup, connections, install)
     spy, spy_out = None, None
