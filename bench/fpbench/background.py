@@ -25,6 +25,7 @@ HELD_PREFIX = "held"
 # Connections opened at once while parking (the server's accept backlog).
 _OPEN_AT_ONCE = 500
 _DAY_MS = 86_400_000
+_SETTLE_S = 5.0
 
 
 async def _request(host: str, port: int, raw: bytes) -> tuple[int, bytes]:
@@ -89,6 +90,9 @@ async def park(url: str, key: str, lock_count: int, waiters: int) -> None:
         if in_line >= waiters:
             break
         await asyncio.sleep(0.5)
+    # Each parked request re-checks once right after joining its line: let
+    # those settle before the measurement starts.
+    await asyncio.sleep(_SETTLE_S)
     print(f"parked {in_line}", flush=True)
     await asyncio.Event().wait()  # until killed
 

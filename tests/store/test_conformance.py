@@ -155,36 +155,27 @@ async def test_a_dead_waiter_does_not_block_the_line(store, clock):
     assert isinstance(granted.outcome, Granted)
 
 
-async def test_the_sweep_keeps_places_that_are_running_out_and_only_those(store, clock):
+async def test_the_sweep_keeps_the_places_it_is_given(store, clock):
     await grant(store)
     await store.put_pool(P, "api", PoolConfig(limit=1, queue_size=5))
     assert (await store.acquire_slot(P, "api", wait_alive_ms=None)).slot is not None
     lock_place = await store.acquire_lock(P, "k", req(), wait_alive_ms=2_000)
     slot_place = await store.acquire_slot(P, "api", wait_alive_ms=2_000)
-    fresh = await store.acquire_lock(P, "k", req(), wait_alive_ms=60_000)
-    places = [("lock", P, "k", lock_place.ticket), ("pool", P, "api", slot_place.ticket),
-              ("lock", P, "k", fresh.ticket)]
-    clock.advance(1_500)
-    await store.keep_waiting(places, 10_000, 5_000)  # 500 ms left: kept; 58.5 s: untouched
-    clock.advance(9_000)  # past the first two places' own end, within the refreshed one
-    await store.reap()
-    assert (await store.get_lock(P, "k")).waiters == 2
-    assert (await store.get_pool(P, "api")).queued == 1
-    clock.advance(1_000)  # past the refreshed end; the fresh place still has 48.5 s
-    await store.reap()
-    assert (await store.get_lock(P, "k")).waiters == 1
-    assert (await store.get_pool(P, "api")).queued == 0
-
-
-async def test_the_sweep_leaves_places_it_was_not_given_alone(store, clock):
-    await grant(store)
-    mine = await store.acquire_lock(P, "k", req(), wait_alive_ms=2_000)
     other = await store.acquire_lock(P, "k", req(), wait_alive_ms=2_000)
-    await store.keep_waiting([("lock", P, "k", mine.ticket)], 10_000, 5_000)
-    clock.advance(3_000)
+    clock.advance(1_500)
+    busy = await store.keep_waiting(
+        {("lock", P, "k"): [lock_place.ticket], ("pool", P, "api"): [slot_place.ticket]}, 10_000
+    )
+    assert busy == []
+    clock.advance(9_000)  # past the places' own end, within the refreshed end
     await store.reap()
-    view = await store.get_lock(P, "k")
-    assert view.waiters == 1 and other.ticket != mine.ticket
+    assert (await store.get_lock(P, "k")).waiters == 1  # the other place lapsed
+    assert (await store.get_pool(P, "api")).queued == 1
+    clock.advance(1_000)  # past the refreshed end
+    await store.reap()
+    assert (await store.get_lock(P, "k")).waiters == 0
+    assert (await store.get_pool(P, "api")).queued == 0
+    assert other.ticket != lock_place.ticket
 
 
 async def test_leaving_the_line_wakes_the_next(store):

@@ -21,6 +21,7 @@ from fencepost.errors import (
     TooManyConnections,
 )
 from fencepost.events import Events
+from fencepost.server import collector
 from fencepost.server.access_log import AccessLog, AcquireLog
 from fencepost.server.auth import Authenticator
 from fencepost.server.context import Call, Services
@@ -153,6 +154,7 @@ class App:
         secret = await self.store.bootstrap(self.config.bootstrap_key)
         if secret is not None and self.config.on_bootstrap is not None:
             self.config.on_bootstrap(secret, self.config.bootstrap_key is None)
+        collector.tune()  # everything made so far lives as long as the process
         self._reaper = asyncio.create_task(_reap_forever(self.store, self.metrics))
         self._sweeper = asyncio.create_task(
             self.services.waiters.sweep_forever(self.store.keep_waiting)

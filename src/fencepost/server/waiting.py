@@ -5,10 +5,11 @@ across replicas; this module parks the local request and wakes it when the
 store reports that something may be free. Wake-ups are the only path a parked
 waiter takes to the store; what used to be a re-check per waiter every second
 (10,000 waiters: 10,000 store operations a second) is one sweep per process
-(`WaitRoom.sweep_forever`): every SWEEP_S it refreshes the places of every
-parked waiter in one store operation, and every SAFETY_WAKE_S it wakes the
-first waiter of each line, the safety net for a lost wake-up (a notification
-that crossed a dropped connection).
+(`WaitRoom.sweep_forever`): every SWEEP_S it refreshes, in one store
+operation, the places of the parked waiters whose place is running out (not
+refreshed by a retry for REFRESH_AFTER_S), and every SAFETY_WAKE_S it wakes
+the first waiter of each line, the safety net for a lost wake-up (a
+notification that crossed a dropped connection).
 
 Locks and pools differ only in how they talk to the store, which each states as
 a `Line`: try, retry with a ticket, leave, hand a grant back, and the error of
@@ -34,19 +35,20 @@ _log = logging.getLogger(__name__)
 # the safety net for a process that hangs without dying, or whose host
 # vanished without closing its connections.
 WAITER_ALIVE_MS = 10_000
-# How often the sweep refreshes the parked waiters' places, and which: those
-# with less than REFRESH_BELOW_MS left (so each place is written about every
-# WAITER_ALIVE_MS - REFRESH_BELOW_MS, not at every sweep).
+# How often the sweep runs, and which places it refreshes: those that no
+# retry or sweep refreshed for REFRESH_AFTER_S (so each is written about once
+# every REFRESH_AFTER_S, and always with more than WAITER_ALIVE_MS -
+# REFRESH_AFTER_S - SWEEP_S = 2.5 s left).
 SWEEP_S = 2.5
-REFRESH_BELOW_MS = 5_000
+REFRESH_AFTER_S = 5.0
 # How often the first waiter of each line re-checks without a wake-up.
 SAFETY_WAKE_S = 5.0
 
 T = TypeVar("T")
 Place = tuple[str, str, str]  # (kind, project, name): which line, as the store's Freed names it
-# Refreshes the places (kind, project, name, ticket) in the store, each to last
-# alive_ms more if it has less than refresh_below_ms left (Store.keep_waiting).
-KeepWaiting = Callable[[list[tuple[str, str, str, int]], int, int], Awaitable[None]]
+# Refreshes places in the store, each line's tickets to last alive_ms more;
+# returns the lines it skipped as busy (Store.keep_waiting).
+KeepWaiting = Callable[[dict[Place, list[int]], int], Awaitable[list[Place]]]
 
 
 class ClientGone(Exception):
@@ -90,6 +92,8 @@ class Line(Protocol[T]):
 class _Parked:
     ticket: int
     wake: asyncio.Event = field(compare=False, default_factory=asyncio.Event)
+    # When the place was last refreshed in the store (loop time).
+    refreshed: float = field(compare=False, default=0.0)
 
 
 class WaitRoom:
@@ -138,9 +142,15 @@ class WaitRoom:
         """Answer every parked request now (the server is stopping)."""
         self.closing.set()
 
-    def places(self) -> list[tuple[str, str, str, int]]:
-        """Every parked waiter's line and ticket."""
-        return [(*place, parked.ticket) for place, line in self._lines.items() for parked in line]
+    def running_out(self, now: float) -> dict[Place, list[_Parked]]:
+        """The parked waiters whose places no retry refreshed lately, by line."""
+        due = now - REFRESH_AFTER_S
+        found: dict[Place, list[_Parked]] = {}
+        for place, line in self._lines.items():
+            stale = [parked for parked in line if parked.refreshed <= due]
+            if stale:
+                found[place] = stale
+        return found
 
     def wake_heads(self) -> None:
         """Wake the first waiter of every line (not one already woken)."""
@@ -154,12 +164,21 @@ class WaitRoom:
         woke = loop.time()
         while True:
             await asyncio.sleep(SWEEP_S)
-            places = self.places()
-            if places:
+            started = loop.time()
+            due = self.running_out(started)
+            if due:
                 try:
-                    await keep_waiting(places, WAITER_ALIVE_MS, REFRESH_BELOW_MS)
-                except FencepostError as exc:  # each waiter's next retry refreshes it
+                    busy = set(await keep_waiting(
+                        {place: [p.ticket for p in line] for place, line in due.items()},
+                        WAITER_ALIVE_MS,
+                    ))
+                except FencepostError as exc:  # tried again at the next sweep
                     _log.warning("refreshing parked waiters: %s", exc.message)
+                else:
+                    for place, line in due.items():
+                        if place not in busy:
+                            for parked in line:
+                                parked.refreshed = max(parked.refreshed, started)
             if loop.time() - woke >= SAFETY_WAKE_S:
                 woke = loop.time()
                 self.wake_heads()
@@ -207,7 +226,9 @@ async def _wait(
             parked.wake.clear()
             # Retry at once after parking too: a wake-up between joining the line
             # and parking would otherwise be missed.
+            retried = loop.time()
             outcome = await line.retry(ticket)
+            parked.refreshed = retried
             if outcome.granted is not None:
                 granted = True
                 return outcome.granted

@@ -341,13 +341,12 @@ class Store(Protocol):
         of another project or pool."""
 
     async def keep_waiting(
-        self, places: list[tuple[str, str, str, int]], alive_ms: int, refresh_below_ms: int
-    ) -> None:
-        """Refresh waiters' places in line: for each (kind, project, name,
-        ticket), if less than `refresh_below_ms` of it is left, it lasts
-        `alive_ms` from now. One operation for every parked waiter of a
-        process; a line busy in another transaction is skipped (its waiters'
-        next sweep or retry refreshes them)."""
+        self, lines: dict[tuple[str, str, str], list[int]], alive_ms: int
+    ) -> list[tuple[str, str, str]]:
+        """Refresh waiters' places: the tickets of each line (kind, project,
+        name) last `alive_ms` from now. One operation for the parked waiters
+        of a process; returns the lines it skipped because another
+        transaction was busy with them (tried again later)."""
 
     async def reap(self) -> int:
         """Free every dead lease and slot and drop dead waiters: those whose place

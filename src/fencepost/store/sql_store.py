@@ -321,9 +321,9 @@ class SqlStore:
 
     # --- background ------------------------------------------------------------
     async def keep_waiting(
-        self, places: list[tuple[str, str, str, int]], alive_ms: int, refresh_below_ms: int
-    ) -> None:
-        await self._writer.run(lambda tx: lines.keep(tx, places, alive_ms, refresh_below_ms))
+        self, waiting: dict[tuple[str, str, str], list[int]], alive_ms: int
+    ) -> list[tuple[str, str, str]]:
+        return await self._writer.run(lambda tx: lines.keep(tx, waiting, alive_ms))
 
     async def reap(self) -> int:
         freed = 0

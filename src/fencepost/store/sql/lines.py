@@ -1,37 +1,39 @@
-"""Keeping waiters' places in line alive, for every parked waiter of a process
-in one operation (server/waiting.py sweeps with it).
+"""Keeping waiters' places in line alive, for the parked waiters of a process in
+one operation (server/waiting.py sweeps with it).
 
-Contract: a place is refreshed only while the transaction holds its line's key
-(claimed, never waited for, see batch.py): a line busy in another transaction
-is skipped, so the sweep never waits for, nor deadlocks with, the operations
-on any one line. Only places with less than `refresh_below_ms` left are
-written, so a place is written once every few sweeps, not at each.
+Contract: a line's places are refreshed only while the transaction holds the
+line's key (claimed, never waited for, see batch.py): a line busy in another
+transaction is skipped and reported, so the sweep never waits for, nor
+deadlocks with, the operations on any one line.
 """
 
 from __future__ import annotations
 
 from fencepost.store.batch import Key, Tx
 
-# Which table holds the places of each kind of line (the Freed / Key kind).
+Line = tuple[str, str, str]  # (kind, project, name), the kind a Key kind
+# Which table holds the places of each kind of line.
 _TABLES = {"lock": "lock_waiters", "pool": "slot_waiters"}
 # Tickets per statement: few distinct statement texts, well under every
 # database's parameter limit.
 _CHUNK = 500
 
 
-def keep(
-    tx: Tx, places: list[tuple[str, str, str, int]], alive_ms: int, refresh_below_ms: int
-) -> None:
-    claimed = set(tx.claim({Key(kind, project, name) for kind, project, name, _ in places}))
+def keep(tx: Tx, waiting: dict[Line, list[int]], alive_ms: int) -> list[Line]:
+    """Make the tickets of each line last `alive_ms` from now; return the
+    lines skipped as busy."""
+    held = tx.claim(Key(*line) for line in waiting)
+    claimed = {(key.kind, key.project, key.name) for key in held}
     for kind, table in _TABLES.items():
         tickets = sorted(
-            ticket for k, project, name, ticket in places
-            if k == kind and Key(k, project, name) in claimed
+            ticket for line, some in waiting.items() if line[0] == kind and line in claimed
+            for ticket in some
         )
         for start in range(0, len(tickets), _CHUNK):
             chunk = tickets[start:start + _CHUNK]
             tx.execute(
-                f"UPDATE {table} SET alive_until_ms = ? WHERE alive_until_ms < ? "
-                f"AND ticket IN ({', '.join(['?'] * len(chunk))})",
-                (tx.now_ms + alive_ms, tx.now_ms + refresh_below_ms, *chunk),
+                f"UPDATE {table} SET alive_until_ms = ? "
+                f"WHERE ticket IN ({', '.join(['?'] * len(chunk))})",
+                (tx.now_ms + alive_ms, *chunk),
             )
+    return [line for line in waiting if line not in claimed]
