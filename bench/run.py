@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/run.py [--seconds 10] [--connections 64]
                                   [--only sqlite,postgresql,etcd,redis] [--workloads a,b,c,d,e,f]
-                                  [--results-dir bench/results]
+                                  [--replicas 1,2,3] [--results-dir bench/results]
 
 Starts each system itself on 127.0.0.1 (free ports, temp dirs; a fresh
 PostgreSQL database, dropped afterwards), runs the same workloads against each
@@ -52,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true",
                         help="sample the fencepost server with py-spy during each workload "
                              "(writes <results-dir>/profiles/)")
+    parser.add_argument("--replicas", default="",
+                        help="also run (a) on this many PostgreSQL replicas of one database, "
+                             "comma-separated (e.g. 1,2,3): the scaling table")
     parser.add_argument("--no-install", action="store_true",
                         help="never apt-get install a missing peer or tool")
     args = parser.parse_args(argv)
@@ -68,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             results_dir=Path(args.results_dir), install=not args.no_install,
             pg_admin_url=args.pg_url, profile_fencepost=args.profile,
             rounds=args.rounds,
+            replicas=[int(n) for n in args.replicas.split(",") if n.strip()],
         )
     except ValueError as exc:
         parser.error(str(exc))

@@ -152,6 +152,10 @@ def markdown(run: dict[str, Any]) -> str:
             else:
                 lines.append(f"| {lat['system']} | {lat['method']} | {lat['cycles_per_s']:.0f} "
                              f"| {lat['p50_ms']:.2f} | {lat['p99_ms']:.2f} |")
+    if run.get("scaling"):
+        from fpbench import scaling
+
+        lines += scaling.markdown(run["scaling"])
     if run["targets"]:
         lines += ["", "Targets:", ""]
         lines += [f"- {_mark(t['met'])}: {t['target']} — {t['measured']}" for t in run["targets"]]

@@ -12,7 +12,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from fpbench import background, loadgen, machine, profile, pylatency, report, tools
+from fpbench import (
+    background,
+    loadgen,
+    machine,
+    profile,
+    pylatency,
+    report,
+    scaling,
+    tools,
+)
 from fpbench.systems import (
     BENCH_KEY,
     DEFAULT_PG_ADMIN_URL,
@@ -232,6 +241,7 @@ def run_benchmark(
     pg_admin_url: str = DEFAULT_PG_ADMIN_URL,
     profile_fencepost: bool = False,
     rounds: int = 1,
+    replicas: list[int] | None = None,
     say: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Run the benchmark, write results/<timestamp>.{json,md} and latest.md; return the run.
@@ -286,6 +296,11 @@ def run_benchmark(
         row_rounds.append(rows)
         latency_rounds.append(latencies)
     rows = _median_rows(row_rounds)
+    scaled: list[dict[str, Any]] = []
+    if replicas and not wrk_missing:
+        with tempfile.TemporaryDirectory(prefix="fpbench-replicas-") as tmp:
+            scaled = [asdict(r) for r in scaling.measure(
+                replicas, seconds, connections, warmup, pg_admin_url, Path(tmp), say)]
     info: dict[str, Any] = {**described, "load_average_at_end": machine.load_average(),
                             "versions": versions}
     run: dict[str, Any] = {
@@ -297,6 +312,7 @@ def run_benchmark(
         "results": [{**asdict(r), "grant_share": r.grant_share} for r in rows],
         "python_latency": _median_latencies(latency_rounds),
         "targets": report.targets(rows),
+        "scaling": scaled,
     }
     files = report.write(run, Path(results_dir or DEFAULT_RESULTS_DIR), started)
     run["files"] = [str(f) for f in files]
