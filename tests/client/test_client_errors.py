@@ -14,8 +14,8 @@ import pytest
 import fencepost
 from client_support import FAST_RETRIES
 from fencepost import errors
+from fencepost.client.calls import Call, Reply, decode_flag, error_from_reply
 from fencepost.client.operations import Op
-from fencepost.client.wire import Call, Reply, decode_flag, error_from_reply
 from fencepost.errors import ERRORS_BY_CODE, FencepostError
 from support import ServerProcess, free_port, unique_name
 

@@ -17,8 +17,8 @@ from client_support import (
     error_response,
 )
 from fencepost.client import Retries
+from fencepost.client.calls import Call, decode_flag
 from fencepost.client.retrying import should_retry, tenacity_options
-from fencepost.client.wire import Call, decode_flag
 from fencepost.errors import QuotaExceeded, TransportError, UnexpectedResponse
 from support import ServerProcess, unique_name
 

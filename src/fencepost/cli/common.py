@@ -16,7 +16,7 @@ import click
 
 from fencepost.cli.exitcodes import ExitCode, exit_code_for
 from fencepost.client import AsyncClient
-from fencepost.client.transport import DEFAULT_URL, check_url
+from fencepost.client.transport import DEFAULT_URL, OnRenewed, check_url
 from fencepost.errors import FencepostError, LockHeld, UnexpectedResponse
 
 P = ParamSpec("P")
@@ -42,15 +42,15 @@ class Ctx:
     as_json: bool
 
     def client(self, *, need_key: bool = True, timeout: float | None = None,
-               cls: type[AsyncClient] = AsyncClient) -> AsyncClient:
-        """A client (of class `cls`) with these settings; `timeout` lowers the
-        per-request timeout."""
+               on_renewed: OnRenewed | None = None) -> AsyncClient:
+        """A client with these settings; `timeout` lowers the per-request
+        timeout, `on_renewed` is told of every lease renewal that got through."""
         if need_key and not self.api_key:
             raise CliFailure(
                 "no API key: pass --api-key or set FENCEPOST_API_KEY.", ExitCode.USAGE
             )
         chosen = self.timeout if timeout is None else min(self.timeout, timeout)
-        return cls(self.url, self.api_key, timeout=chosen)
+        return AsyncClient(self.url, self.api_key, timeout=chosen, on_renewed=on_renewed)
 
     def emit(self, data: Any, human: str | Callable[[], str]) -> None:
         """Print `data` as JSON with `--json`, else the human text."""

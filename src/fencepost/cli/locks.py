@@ -20,8 +20,8 @@ from fencepost.cli.render import (
     table,
     when,
 )
+from fencepost.client.calls import new_token
 from fencepost.client.models import LockInfo
-from fencepost.client.wire import new_token
 
 TTL = click.IntRange(5, 7_776_000)
 

@@ -24,7 +24,6 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
@@ -42,7 +41,6 @@ from fencepost.cli.stopping import (
 )
 from fencepost.client import AsyncClient
 from fencepost.client.aio import AsyncLockHold, AsyncSlotHold
-from fencepost.client.wire import Call
 from fencepost.errors import FencepostError, LockHeld, QueueTimeout, TooManyRequests
 
 T = TypeVar("T")
@@ -56,33 +54,6 @@ EX_TEMPFAIL = 75
 # followed at once by a renewal: only a send time bounds the lease's end.
 SLOW_GRANT_S = 1.0
 MIN_REQUEST_TIMEOUT_S = 1.0
-
-
-def _renews_a_lease(call: Call[Any]) -> bool:
-    if call.method == "PATCH":
-        return call.path.startswith("/v1/locks/") and call.path.endswith("/lease")
-    return call.method == "POST" and call.path.startswith("/v1/pools/") \
-        and call.path.endswith("/renew")
-
-
-class _WatchedClient(AsyncClient):
-    """A client that reports when each lease renewal that succeeded was sent (its
-    first attempt, since a retry may be answered from the first one's result)."""
-
-    on_renewed: Callable[[float], None] | None = None
-    _first_sent: dict[str, float] | None = None
-
-    async def _attempt(self, call: Call[T]) -> T:
-        if not _renews_a_lease(call):
-            return await super()._attempt(call)
-        if self._first_sent is None or len(self._first_sent) > 64:
-            self._first_sent = {}  # only failed renewals are left in it; forget them
-        sent = self._first_sent.setdefault(call.request_id, time.monotonic())
-        result = await super()._attempt(call)
-        self._first_sent.pop(call.request_id, None)
-        if self.on_renewed is not None:
-            self.on_renewed(sent)
-        return result
 
 
 def _terminal_foreground() -> bool:
@@ -162,10 +133,8 @@ async def run(ctx: Ctx, lock_key: str | None, pool_name: str | None, ttl: int, w
         renew_every = (ttl - grace - margin_for(ttl)) / 3
     timeout = None if renew_every is None else max(renew_every, MIN_REQUEST_TIMEOUT_S)
     runner = _Runner(ctx, list(command), grace, ttl)
-    client = ctx.client(timeout=timeout, cls=_WatchedClient)
+    client = ctx.client(timeout=timeout, on_renewed=runner.renewed)
     async with client:
-        assert isinstance(client, _WatchedClient)
-        client.on_renewed = runner.renewed
         hold: AsyncLockHold | AsyncSlotHold
         if lock_key is not None:
             details = {"host": os.uname().nodename, "pid": os.getpid(), **(metadata or {})}

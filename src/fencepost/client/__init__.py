@@ -1,7 +1,7 @@
 """The fencepost Python client: `AsyncClient` (asyncio) and `Client` (blocking).
 
 Both are built on one sans-I/O layer: `operations` (each API call as a small
-program of requests), `wire` (request values, answer and error decoding),
+program of requests), `calls` (request values, answer and error decoding),
 `keeper` (when to renew a lease and when it is lost) and `retrying` (one retry
 policy). The clients only move bytes and run the keeper in a task or a thread.
 

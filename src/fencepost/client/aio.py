@@ -12,6 +12,7 @@ from typing import Any, Self, TypeVar
 import httpx
 from tenacity import AsyncRetrying
 
+from fencepost.client.calls import Call, Sleep, raise_for_status
 from fencepost.client.holding import Holding, LockFacts, SlotFacts, log, report_failure
 from fencepost.client.keeper import Terms, keep_alive
 from fencepost.client.key_refresh import CurrentKey, KeyRefresh, OnKeyRefresh, refresh_if_due
@@ -19,8 +20,15 @@ from fencepost.client.methods import AsyncRunner, Methods
 from fencepost.client.models import OnExpiry
 from fencepost.client.operations import Op
 from fencepost.client.retrying import RELEASE_RETRIES, Retries, tenacity_options
-from fencepost.client.transport import Settings, reply_of, transport_error
-from fencepost.client.wire import Call, Sleep, raise_for_status
+from fencepost.client.transport import (
+    MAX_IN_FLIGHT,
+    OnRenewed,
+    Settings,
+    reply_of,
+    transport_error,
+    waited_too_long,
+)
+from fencepost.client.turns import Turns, turn_limit
 from fencepost.errors import FencepostError, TransportError, UnexpectedResponse
 
 T = TypeVar("T")
@@ -67,7 +75,10 @@ class AsyncClient(CurrentKey, Methods, AsyncRunner):
     two thirds of its life have passed, the client mints a successor
     (`POST /v1/keys/refresh`), uses it from then on, and calls
     `on_key_refresh(created)` (it may be async) so that you can store
-    `created.key`, the new secret. Use it with `async with` or call `aclose()`.
+    `created.key`, the new secret. `on_renewed(sent)` is called after every
+    lease renewal that got through, with the `time.monotonic()` instant its
+    first attempt was sent (the lease runs at least its TTL from then). Use it
+    with `async with` or call `aclose()`.
 
     Every API call is a coroutine method (`acquire_lock`, `get_lock`, `set_pool`,
     `create_key`, ...; see `fencepost.client.Methods`); `lock()` and `slot()` are
@@ -84,12 +95,15 @@ class AsyncClient(CurrentKey, Methods, AsyncRunner):
         transport: httpx.AsyncBaseTransport | None = None,
         ca_bundle: str | None = None,
         on_key_refresh: OnKeyRefresh | None = None,
+        on_renewed: OnRenewed | None = None,
     ) -> None:
         self.settings = Settings.resolve(url, api_key, timeout, retries, ca_bundle=ca_bundle)
         self._http = httpx.AsyncClient(transport=transport, **self.settings.client_options())
         self._on_key_refresh = on_key_refresh
         self._key_refresh = KeyRefresh() if on_key_refresh is not None else None
         self._refreshing = asyncio.Lock()
+        self._on_renewed = on_renewed
+        self._turns = Turns(MAX_IN_FLIGHT)
 
     @property
     def url(self) -> str:
@@ -138,22 +152,40 @@ class AsyncClient(CurrentKey, Methods, AsyncRunner):
                 await outcome
 
     async def _send_as_is(self, call: Call[T], retries: Retries | None = None) -> T:
+        sent = time.monotonic()
         policy = retries or self.settings.retries
         if not call.retry or policy.attempts <= 1:
-            return await self._attempt(call)
-        wait_s = call.wait.remaining_s(time.monotonic()) if call.wait else 0.0
-        retrying = AsyncRetrying(**tenacity_options(policy, call, wait_s))
-        return await retrying(self._attempt, call)
+            result = await self._send_once(call)
+        else:
+            wait_s = call.wait.remaining_s(sent) if call.wait else 0.0
+            retrying = AsyncRetrying(**tenacity_options(policy, call, wait_s))
+            result = await retrying(self._send_once, call)
+        if call.renews and self._on_renewed is not None:
+            self._on_renewed(sent)
+        return result
 
-    async def _attempt(self, call: Call[T]) -> T:
+    async def _send_once(self, call: Call[T]) -> T:
+        """One HTTP exchange for `call`, not retried. It first waits for one of
+        the client's `MAX_IN_FLIGHT` turns (see `turns.py`), except a call that
+        may wait on the server, which would hold its turn for the whole wait."""
+        if call.wait is None:
+            limit = turn_limit(call, self.settings.timeout)
+            try:
+                await self._turns.take(urgent=call.renews, timeout=limit)
+            except TimeoutError:
+                raise waited_too_long(self.url) from None
         now = time.monotonic()
+        timeout = self.settings.timeout_for(call, now)
         try:
             response = await self._http.request(
                 call.method, call.path, json=call.body_at(now), params=call.params,
-                headers=self._headers(call), timeout=self.settings.timeout_for(call, now),
+                headers=self._headers(call), timeout=timeout,
             )
         except httpx.HTTPError as exc:
             raise transport_error(exc, self.url) from exc
+        finally:
+            if call.wait is None:
+                self._turns.give_back()
         reply = reply_of(response)
         raise_for_status(reply)
         return call.decode(reply)

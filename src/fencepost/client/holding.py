@@ -13,11 +13,11 @@ from typing import Any
 
 import httpx
 
+from fencepost.client.calls import name_segment, new_token
 from fencepost.client.keeper import LockTerms, Loss, SlotTerms, Terms
 from fencepost.client.models import Lease, OnExpiry, SlotGrant
 from fencepost.client.operations import Op, acquire_lock, acquire_slot, release_lock, release_slot
 from fencepost.client.outcome import Outcome, merge_outcome, outcome_from_response
-from fencepost.client.wire import name_segment, new_token
 from fencepost.errors import FencepostError, LeaseLost
 
 log = logging.getLogger("fencepost.client")

@@ -14,14 +14,15 @@ longer than that to travel are rare, and each lock lease also keeps a 1 s margin
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from fencepost.client.calls import Call, Sleep
 from fencepost.client.models import Lease, LeaseRenewal, SlotGrant, SlotRenewal
 from fencepost.client.operations import Op, renew_call, renew_slot_call
-from fencepost.client.wire import Call, Sleep
 from fencepost.errors import (
     Capped,
     FencepostError,
@@ -37,6 +38,12 @@ Clock = Callable[[], float]
 LOCK_RENEW_MARGIN_S = 1.0
 MAX_ANSWER_TRANSIT_S = 1.0
 MIN_ATTEMPT_TIMEOUT_S = 0.5
+# Renewals are due at a random point of the end of their interval, so leases
+# taken together (a process starting many tasks at once) are not renewed in one
+# burst every interval: the first renewal anywhere in the second half of the
+# interval, later ones in its last tenth, which keeps the spread at little cost.
+FIRST_RENEWAL_SPREAD = 0.5
+RENEWAL_SPREAD = 0.1
 
 
 def granted_at(sent: float, answered: float) -> float:
@@ -184,8 +191,12 @@ def _reason_for_running_out(error: FencepostError | None) -> str:
     return "renewal_failed"
 
 
-def keep_alive(terms: Terms, *, timeout: float, clock: Clock = time.monotonic) -> Op[Loss]:
+def keep_alive(terms: Terms, *, timeout: float, clock: Clock = time.monotonic,
+               chance: Callable[[], float] = random.random) -> Op[Loss]:
     """Renew the lease described by `terms` until it is lost; returns the `Loss`.
+
+    Each renewal is due after a random part of the end of `terms.interval_s`
+    (`chance()` in [0, 1) picks it), never later than the interval.
 
     A renewal refused for good (`lease_lost`, `lease_expired`, a slot that is gone)
     ends it at once. Other failures (unreachable server, 5xx, quota) are retried
@@ -194,6 +205,7 @@ def keep_alive(terms: Terms, *, timeout: float, clock: Clock = time.monotonic) -
     renewed and is lost when it runs out."""
     failures = 0
     last_error: FencepostError | None = None
+    spread = FIRST_RENEWAL_SPREAD
     while True:
         now = clock()
         give_up = terms.give_up_at()
@@ -201,7 +213,8 @@ def keep_alive(terms: Terms, *, timeout: float, clock: Clock = time.monotonic) -
             yield Sleep(max(0.0, terms.expires() - now))
             return Loss("capped", last_error)
         if failures == 0:
-            due = min(terms.last_renewed() + terms.interval_s, give_up - MIN_ATTEMPT_TIMEOUT_S)
+            interval = terms.interval_s * (1 - spread * chance())
+            due = min(terms.last_renewed() + interval, give_up - MIN_ATTEMPT_TIMEOUT_S)
         else:
             due = now + retry_pause(terms, failures, last_error)
             if due >= give_up:
@@ -221,5 +234,6 @@ def keep_alive(terms: Terms, *, timeout: float, clock: Clock = time.monotonic) -
             last_error = error
             continue
         terms.renewed(result, sent, clock())
+        spread = RENEWAL_SPREAD
         failures = 0
         last_error = None

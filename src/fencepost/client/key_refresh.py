@@ -16,10 +16,10 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from fencepost.client.calls import Call
 from fencepost.client.models import CreatedKey, WhoAmI
 from fencepost.client.operations import Op, refresh_key, whoami
 from fencepost.client.transport import Settings
-from fencepost.client.wire import Call
 
 # Refresh once this share of the key's remaining life (when learned) is left.
 REFRESH_AT_REMAINING = 1 / 3

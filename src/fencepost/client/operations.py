@@ -16,6 +16,21 @@ from typing import Any, Literal, TypeVar
 
 import msgspec
 
+from fencepost.client.calls import (
+    MAX_LOCK_WAIT_S,
+    Call,
+    Reply,
+    Step,
+    Wait,
+    decode_as,
+    decode_flag,
+    header_int,
+    id_segment,
+    name_segment,
+    new_token,
+    parse_body,
+    parse_json,
+)
 from fencepost.client.models import (
     CreatedKey,
     FenceCheck,
@@ -37,21 +52,6 @@ from fencepost.client.models import (
     WhoAmI,
 )
 from fencepost.client.outcome import Outcome
-from fencepost.client.wire import (
-    MAX_LOCK_WAIT_S,
-    Call,
-    Reply,
-    Step,
-    Wait,
-    decode_as,
-    decode_flag,
-    header_int,
-    id_segment,
-    name_segment,
-    new_token,
-    parse_body,
-    parse_json,
-)
 from fencepost.errors import LockHeld, UnexpectedResponse
 
 T = TypeVar("T")
@@ -154,7 +154,7 @@ def renew_call(key: str, token: str, ttl: int, *, retry: bool = True,
     return Call(
         "PATCH", f"/v1/locks/{name_segment(key, 'key')}/lease", decode_as(LeaseRenewal),
         body={"ttl_seconds": ttl}, headers={"X-Lock-Token": token}, retry=retry,
-        timeout=timeout,
+        timeout=timeout, renews=True,
     )
 
 
@@ -331,7 +331,7 @@ def acquire_slot(pool: str, *, wait: float = 0, no_queue: bool = False) -> Op[Sl
 def renew_slot_call(pool: str, slot_id: str, *, retry: bool = True,
                     timeout: float | None = None) -> Call[SlotRenewal]:
     return Call("POST", f"{_pool_path(pool)}/lock/{id_segment(slot_id)}/renew",
-                decode_as(SlotRenewal), retry=retry, timeout=timeout)
+                decode_as(SlotRenewal), retry=retry, timeout=timeout, renews=True)
 
 
 def renew_slot(pool: str, slot_id: str) -> Op[SlotRenewal]:

@@ -23,7 +23,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from fencepost.client.wire import Call
+from fencepost.client.calls import Call
 from fencepost.errors import (
     FencepostError,
     QuotaExceeded,

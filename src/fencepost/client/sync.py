@@ -15,6 +15,7 @@ from typing import Any, Self, TypeVar
 import httpx
 from tenacity import Retrying
 
+from fencepost.client.calls import Call, Sleep, raise_for_status
 from fencepost.client.holding import Holding, LockFacts, SlotFacts, log, report_failure
 from fencepost.client.keeper import Terms, keep_alive
 from fencepost.client.key_refresh import CurrentKey, KeyRefresh, OnKeyRefresh, refresh_if_due
@@ -22,8 +23,15 @@ from fencepost.client.methods import Methods, SyncRunner
 from fencepost.client.models import OnExpiry
 from fencepost.client.operations import Op
 from fencepost.client.retrying import RELEASE_RETRIES, Retries, tenacity_options
-from fencepost.client.transport import Settings, reply_of, transport_error
-from fencepost.client.wire import Call, Sleep, raise_for_status
+from fencepost.client.transport import (
+    MAX_IN_FLIGHT,
+    OnRenewed,
+    Settings,
+    reply_of,
+    transport_error,
+    waited_too_long,
+)
+from fencepost.client.turns import turn_limit
 from fencepost.errors import FencepostError, TransportError, UnexpectedResponse
 
 T = TypeVar("T")
@@ -78,12 +86,15 @@ class Client(CurrentKey, Methods, SyncRunner):
         transport: httpx.BaseTransport | None = None,
         ca_bundle: str | None = None,
         on_key_refresh: OnKeyRefresh | None = None,
+        on_renewed: OnRenewed | None = None,
     ) -> None:
         self.settings = Settings.resolve(url, api_key, timeout, retries, ca_bundle=ca_bundle)
         self._http = httpx.Client(transport=transport, **self.settings.client_options())
         self._on_key_refresh = on_key_refresh
         self._key_refresh = KeyRefresh() if on_key_refresh is not None else None
         self._refreshing = threading.Lock()
+        self._on_renewed = on_renewed
+        self._turns = threading.BoundedSemaphore(MAX_IN_FLIGHT)
 
     @property
     def url(self) -> str:
@@ -133,23 +144,38 @@ class Client(CurrentKey, Methods, SyncRunner):
             self._refreshing.release()
 
     def _send_as_is(self, call: Call[T], retries: Retries | None = None) -> T:
+        sent = time.monotonic()
         policy = retries or self.settings.retries
+        result: T
         if not call.retry or policy.attempts <= 1:
-            return self._attempt(call)
-        wait_s = call.wait.remaining_s(time.monotonic()) if call.wait else 0.0
-        retrying = Retrying(**tenacity_options(policy, call, wait_s))
-        result: T = retrying(self._attempt, call)
+            result = self._send_once(call)
+        else:
+            wait_s = call.wait.remaining_s(sent) if call.wait else 0.0
+            retrying = Retrying(**tenacity_options(policy, call, wait_s))
+            result = retrying(self._send_once, call)
+        if call.renews and self._on_renewed is not None:
+            self._on_renewed(sent)
         return result
 
-    def _attempt(self, call: Call[T]) -> T:
+    def _send_once(self, call: Call[T]) -> T:
+        """One HTTP exchange for `call`, not retried. As in `AsyncClient`, at most
+        `MAX_IN_FLIGHT` calls that do not wait on the server are sent at once
+        (here in the order they come)."""
+        limit = turn_limit(call, self.settings.timeout)
+        if call.wait is None and not self._turns.acquire(timeout=limit):
+            raise waited_too_long(self.url)
         now = time.monotonic()
+        timeout = self.settings.timeout_for(call, now)
         try:
             response = self._http.request(
                 call.method, call.path, json=call.body_at(now), params=call.params,
-                headers=self._headers(call), timeout=self.settings.timeout_for(call, now),
+                headers=self._headers(call), timeout=timeout,
             )
         except httpx.HTTPError as exc:
             raise transport_error(exc, self.url) from exc
+        finally:
+            if call.wait is None:
+                self._turns.release()
         reply = reply_of(response)
         raise_for_status(reply)
         return call.decode(reply)

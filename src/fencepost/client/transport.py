@@ -5,21 +5,34 @@ from __future__ import annotations
 
 import os
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
 from fencepost import __version__
+from fencepost.client.calls import Call, Reply
 from fencepost.client.retrying import Retries
-from fencepost.client.wire import Call, Reply
 from fencepost.errors import TransportError
 
 DEFAULT_URL = "http://127.0.0.1:7440"
 DEFAULT_TIMEOUT_S = 10.0
 CONNECT_TIMEOUT_S = 5.0
 USER_AGENT = f"fencepost-python/{__version__}"
+
+# Requests sent at once by one client; more wait their turn in the client.
+# Enough to keep a local server busy (one exchange takes well under a
+# millisecond of its time), few enough that httpx's pool stays cheap: it scans
+# its connections for every request it starts and ends.
+MAX_IN_FLIGHT = 8
+# Connections kept open: the turns plus room for waiting acquires, which hold a
+# connection for their whole wait. All are kept alive between requests, since a
+# new connection per request costs more than the request.
+MAX_CONNECTIONS = 100
+
+OnRenewed = Callable[[float], None]
+"""Told the `time.monotonic()` instant each lease renewal that got through was sent."""
 
 # Failures before any byte of the request could have reached the server.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
@@ -65,8 +78,12 @@ class Settings:
         headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        options: dict[str, Any] = {"base_url": self.url, "headers": headers,
-                                   "timeout": self.timeout, "follow_redirects": False}
+        options: dict[str, Any] = {
+            "base_url": self.url, "headers": headers, "timeout": self.timeout,
+            "follow_redirects": False,
+            "limits": httpx.Limits(max_connections=MAX_CONNECTIONS,
+                                   max_keepalive_connections=MAX_CONNECTIONS),
+        }
         if self.ca_bundle:
             options["verify"] = trust_context(self.ca_bundle)
         return options
@@ -104,6 +121,12 @@ def transport_error(exc: httpx.HTTPError, url: str) -> TransportError:
     else:
         message = f"Cannot reach {url}: {detail}."
     return TransportError(message, maybe_sent=maybe_sent)
+
+
+def waited_too_long(url: str) -> TransportError:
+    """The error of a request that never got its turn to be sent in time."""
+    return TransportError(f"No answer from {url} in time (too many requests waiting to be "
+                          "sent).", maybe_sent=False)
 
 
 def reply_of(response: httpx.Response) -> Reply:

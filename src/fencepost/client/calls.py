@@ -69,7 +69,8 @@ class Call(Generic[T]):
     `idempotent`: sending it twice has the effect of sending it once, so it may be
     retried even when an earlier attempt may have reached the server. `retry`:
     False for calls whose caller runs its own schedule (the lease keeper).
-    `timeout`: overrides the client's read timeout for this call.
+    `timeout`: overrides the client's read timeout for this call. `renews`: it
+    renews a lease (the clients tell `on_renewed` when it got through).
     """
 
     method: str
@@ -82,6 +83,7 @@ class Call(Generic[T]):
     retry: bool = True
     wait: Wait | None = None
     timeout: float | None = None
+    renews: bool = False
     request_id: str = field(default_factory=lambda: str(uuid.uuid4()))
 
     def body_at(self, now: float) -> dict[str, Any] | None:
