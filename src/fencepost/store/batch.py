@@ -397,9 +397,10 @@ class BatchWriter:
             raise RuntimeError(f"test hooks are off (set {TEST_HOOKS_VARIABLE}=1)")
         self._hold = hold
 
-    async def run(self, fn: Callable[[Tx], T], keys: Keys = NO_KEYS) -> T:
-        """The result of the plain operation `fn`, which touches `keys`, once
-        its batch has committed."""
+    async def run(self, fn: Callable[[Tx], T], keys: Keys) -> T:
+        """The result of the plain operation `fn`, which touches `keys` (NO_KEYS
+        only for an operation that touches no lock, pool or quota, or claims
+        what it touches), once its batch has committed."""
         return cast(T, await self._submit(fn, False, keys))
 
     async def run_steps(self, fn: Callable[[Tx], Step[T]], keys: Keys) -> T:

@@ -32,7 +32,7 @@ from fencepost.store.base import (
     SlotHolderView,
     SlotReport,
 )
-from fencepost.store.batch import BatchWriter, Engine, Key, Keys, Tx
+from fencepost.store.batch import NO_KEYS, BatchWriter, Engine, Key, Keys, Tx
 from fencepost.store.health import WriteHealth, probe_writes
 from fencepost.store.sql import census, ended, fencing, keys, lines, locks, pools, slot_holders
 from fencepost.store.sql.known_leases import KnownLeases
@@ -101,16 +101,17 @@ class SqlStore:
         self.reap_bound = REAP_BOUND
 
     def _read(self, fn: Callable[[Tx], T]) -> Awaitable[T]:
-        return next(self._next_reader).run(fn)
+        return next(self._next_reader).run(fn, NO_KEYS)  # a read-only snapshot holds nothing
 
     # --- lifecycle (backends extend open/close) ----------------------------
     async def _start(self) -> None:
         self._writer.start()
         for reader in self._readers:
             reader.start()
-        self._pepper = (await self._writer.run(keys.load_pepper)).encode()
-        await self._writer.run(self._liveness.register)
-        await self._writer.run(fencing.floor_at_clock)
+        self._pepper = (await self._writer.run(keys.load_pepper, _KEY_MANAGEMENT)).encode()
+        # This replica's own row, and the sequence or counter in one statement.
+        await self._writer.run(self._liveness.register, NO_KEYS)
+        await self._writer.run(fencing.floor_at_clock, NO_KEYS)
 
     def _place(self, alive_ms: int) -> Place:
         return Place(self._liveness.replica, alive_ms)
@@ -323,7 +324,8 @@ class SqlStore:
     async def keep_waiting(
         self, waiting: dict[tuple[str, str, str], list[int]], alive_ms: int
     ) -> list[tuple[str, str, str]]:
-        return await self._writer.run(lambda tx: lines.keep(tx, waiting, alive_ms))
+        # No keys declared: it claims each line (see sql/lines.py).
+        return await self._writer.run(lambda tx: lines.keep(tx, waiting, alive_ms), NO_KEYS)
 
     async def reap(self) -> int:
         freed = 0
@@ -362,7 +364,8 @@ class SqlStore:
                     self._forget_before_ms = None
             return leases + slots, more_locks or more_slots or more_memory
 
-        reaped, more = await self._writer.run(op)
+        # No keys declared: the reaper claims what it ends (see sql/bounded.py).
+        reaped, more = await self._writer.run(op, NO_KEYS)
         if probed is not None:  # it committed: writes work (again)
             self.health.succeeded(probed)
         return reaped, more
