@@ -7,4 +7,7 @@
 
 CREATE SEQUENCE fencing_tokens AS BIGINT MINVALUE 1;
 -- Carry on above every token the counter row issued (the row stays, unused).
-SELECT setval('fencing_tokens', GREATEST(value, 1)) FROM counters WHERE name = 'fencing';
+-- In a DO block: a migration's SELECT would print its result.
+DO $$ BEGIN
+    PERFORM setval('fencing_tokens', GREATEST(value, 1)) FROM counters WHERE name = 'fencing';
+END $$;
