@@ -53,6 +53,7 @@ class Granted:
     name: str  # the lock key or the pool name
     fencing_token: int | None
     origin: Origin | None
+    mode: str | None = None  # a lock lease's: "exclusive" or "shared"
 
 
 @dataclass(frozen=True, slots=True)

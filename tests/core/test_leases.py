@@ -29,7 +29,7 @@ def tokens(start: int = 1):
 
 def grant(token: str = A, ttl: int = 30, now: int = T0, on_expiry=OnExpiry.RELEASE, fence=None):
     outcome = rules.decide_acquire(
-        "k", None, AcquireRequest(token, ttl, on_expiry=on_expiry), now,
+        "k", (), AcquireRequest(token, ttl, on_expiry=on_expiry), now,
         waiters_ahead=0, next_fencing_token=fence or tokens(),
     )
     assert isinstance(outcome, Granted) and outcome.created
@@ -52,7 +52,8 @@ class TestAcquire:
         lease = grant()
         fence = tokens(100)
         again = rules.decide_acquire(
-            "k", lease, AcquireRequest(A, 60), T0 + 5_000, waiters_ahead=0, next_fencing_token=fence
+            "k", (lease,), AcquireRequest(A, 60), T0 + 5_000, waiters_ahead=0,
+            next_fencing_token=fence,
         )
         assert isinstance(again, Granted) and not again.created
         assert again.lease == lease
@@ -61,7 +62,7 @@ class TestAcquire:
     def test_other_token_is_refused_while_live(self):
         lease = grant()
         busy = rules.decide_acquire(
-            "k", lease, AcquireRequest(B, 30), T0 + 29_999, waiters_ahead=0,
+            "k", (lease,), AcquireRequest(B, 30), T0 + 29_999, waiters_ahead=0,
             next_fencing_token=tokens(),
         )
         assert isinstance(busy, Busy) and busy.holder == lease
@@ -72,7 +73,7 @@ class TestAcquire:
     def test_release_lease_is_free_at_expires_at(self):
         lease = grant(ttl=30)
         outcome = rules.decide_acquire(
-            "k", lease, AcquireRequest(B, 30), T0 + 30_000, waiters_ahead=0,
+            "k", (lease,), AcquireRequest(B, 30), T0 + 30_000, waiters_ahead=0,
             next_fencing_token=tokens(2),
         )
         assert isinstance(outcome, Granted) and outcome.created
@@ -80,7 +81,7 @@ class TestAcquire:
 
     def test_free_lock_goes_to_the_line_first(self):
         busy = rules.decide_acquire(
-            "k", None, AcquireRequest(B, 30), T0, waiters_ahead=2, next_fencing_token=tokens()
+            "k", (), AcquireRequest(B, 30), T0, waiters_ahead=2, next_fencing_token=tokens()
         )
         assert isinstance(busy, Busy) and busy.holder is None
         assert busy.to_error().extra["waiters"] == 2
@@ -93,7 +94,8 @@ class TestAcquire:
         for i in range(20):
             token = f"00000000-0000-4000-8000-{i:012d}"
             outcome = rules.decide_acquire(
-                "k", current, AcquireRequest(token, 5), now, waiters_ahead=0,
+                "k", () if current is None else (current,), AcquireRequest(token, 5), now,
+                waiters_ahead=0,
                 next_fencing_token=fence,
             )
             assert isinstance(outcome, Granted)
@@ -110,7 +112,8 @@ class TestKeep:
         assert rules.is_live(lease, later)
         assert rules.is_overdue(lease, later)
         busy = rules.decide_acquire(
-            "k", lease, AcquireRequest(B, 30), later, waiters_ahead=0, next_fencing_token=tokens()
+            "k", (lease,), AcquireRequest(B, 30), later, waiters_ahead=0,
+            next_fencing_token=tokens(),
         )
         assert isinstance(busy, Busy)
         error = busy.to_error()

@@ -25,7 +25,7 @@ def tokens(start: int = 1):
 
 def grant(token: str = A, ttl: int = 30, now: int = T0, fence: int = 7, **kw):
     outcome = rules.decide_acquire(
-        "k", None, AcquireRequest(token, ttl, **kw), now,
+        "k", (), AcquireRequest(token, ttl, **kw), now,
         waiters_ahead=0, next_fencing_token=tokens(fence),
     )
     assert isinstance(outcome, Granted) and outcome.created
@@ -52,12 +52,12 @@ class TestForceReleaseOwnership:
 class TestFence:
     def test_the_live_token_is_current(self):
         lease = grant(fence=7)
-        verdict = rules.judge_fence(lease, 7, T0 + 1, None)
+        verdict = rules.judge_fence((lease,), 7, T0 + 1, None)
         assert (verdict.current, verdict.live_token, verdict.reason) == (True, 7, None)
 
     def test_a_dead_lease_still_on_record_is_expired(self):
         lease = grant(fence=7, ttl=5)
-        verdict = rules.judge_fence(lease, 7, T0 + 5_000, None)
+        verdict = rules.judge_fence((lease,), 7, T0 + 5_000, None)
         assert (verdict.current, verdict.live_token, verdict.reason) == (False, None, "expired")
 
     def test_recorded_endings_name_the_reason(self):
@@ -67,21 +67,21 @@ class TestFence:
             (EndReason.FORCE_RELEASED, "force_released"),
             (EndReason.EXPIRED, "superseded"),  # someone else holds it now
         ]:
-            verdict = rules.judge_fence(live, 7, T0, ended)
+            verdict = rules.judge_fence((live,), 7, T0, ended)
             assert (verdict.current, verdict.live_token, verdict.reason) == (False, 9, want)
-        assert rules.judge_fence(None, 7, T0, EndReason.EXPIRED).reason == "expired"
+        assert rules.judge_fence((), 7, T0, EndReason.EXPIRED).reason == "expired"
 
     def test_a_token_never_seen_on_this_lock_is_unknown(self):
         live = grant(fence=9)
-        assert rules.judge_fence(live, 8, T0, None).reason == "unknown"
-        assert rules.judge_fence(live, 10, T0, None).reason == "unknown"
-        assert rules.judge_fence(None, 10, T0, None).live_token is None
+        assert rules.judge_fence((live,), 8, T0, None).reason == "unknown"
+        assert rules.judge_fence((live,), 10, T0, None).reason == "unknown"
+        assert rules.judge_fence((), 10, T0, None).live_token is None
 
     def test_an_overdue_keep_lease_is_still_current(self):
         lease = grant(fence=7, ttl=5, on_expiry=OnExpiry.KEEP)
-        assert rules.judge_fence(lease, 7, T0 + 60_000, None).current
+        assert rules.judge_fence((lease,), 7, T0 + 60_000, None).current
         dead = replace(lease, deadline_ms=T0 + 60_000)
-        assert rules.judge_fence(dead, 7, T0 + 60_000, None).reason == "expired"
+        assert rules.judge_fence((dead,), 7, T0 + 60_000, None).reason == "expired"
 
 
 class TestLockDelay:
@@ -89,7 +89,7 @@ class TestLockDelay:
         lease = grant(ttl=5, lock_delay_seconds=10)
         assert lease.lock_delay_ms == 10_000
         outcome = rules.decide_acquire(
-            "k", lease, AcquireRequest(B, 30), T0 + 9_000, waiters_ahead=0,
+            "k", (lease,), AcquireRequest(B, 30), T0 + 9_000, waiters_ahead=0,
             next_fencing_token=tokens(8),
         )
         assert isinstance(outcome, Busy) and outcome.delay_until_ms == T0 + 15_000
@@ -97,7 +97,7 @@ class TestLockDelay:
         assert error.reason == "lock_delay" and error.retry_after_ms == 6_000
         assert outcome.ends_in_ms == 6_000
         later = rules.decide_acquire(
-            "k", lease, AcquireRequest(B, 30), T0 + 15_000, waiters_ahead=0,
+            "k", (lease,), AcquireRequest(B, 30), T0 + 15_000, waiters_ahead=0,
             next_fencing_token=tokens(8),
         )
         assert isinstance(later, Granted) and later.lease.fencing_token == 8
@@ -111,12 +111,12 @@ class TestLockDelay:
 
     def test_a_recorded_delay_refuses_even_the_head_of_the_line(self):
         outcome = rules.decide_acquire(
-            "k", None, AcquireRequest(B, 30), T0, waiters_ahead=0,
+            "k", (), AcquireRequest(B, 30), T0, waiters_ahead=0,
             next_fencing_token=tokens(), delayed_until_ms=T0 + 1,
         )
         assert isinstance(outcome, Busy) and outcome.delay_until_ms == T0 + 1
         outcome = rules.decide_acquire(
-            "k", None, AcquireRequest(B, 30), T0 + 1, waiters_ahead=0,
+            "k", (), AcquireRequest(B, 30), T0 + 1, waiters_ahead=0,
             next_fencing_token=tokens(), delayed_until_ms=T0 + 1,
         )
         assert isinstance(outcome, Granted)
@@ -168,7 +168,8 @@ class DelayMachine(RuleBasedStateMachine):
             on_expiry=OnExpiry.KEEP if keep else OnExpiry.RELEASE,
         )
         outcome = rules.decide_acquire(
-            "k", self.current, request, self.now, waiters_ahead=0,
+            "k", () if self.current is None else (self.current,), request, self.now,
+            waiters_ahead=0,
             next_fencing_token=self.fence, delayed_until_ms=self.delayed_until,
         )
         if isinstance(outcome, Granted) and outcome.created:

@@ -21,7 +21,7 @@ from support import (
 
 STATE_FIELDS = {
     "key", "held", "fencing_token", "operation", "acquired_at", "expires_at", "deadline_at",
-    "on_expiry", "overdue", "metadata", "waiters", "holder", "line",
+    "on_expiry", "overdue", "metadata", "waiters", "holder", "line", "mode", "holders",
 }
 
 
@@ -233,7 +233,8 @@ def test_force_release_of_held_lock(member: httpx.Client, admin: httpx.Client) -
     assert resp.status_code == 200, resp.text
     body = resp.json()
     assert set(body) == {"released", "key", "operation", "fencing_token", "age_ms",
-                         "expires_in_ms"}, body
+                         "expires_in_ms", "released_count"}, body
+    assert body["released_count"] == 1
     assert body["released"] is True
     assert body["key"] == key
     assert body["operation"] == "deploy"
@@ -252,7 +253,8 @@ def test_force_release_of_free_lock_is_200_false_with_message(admin: httpx.Clien
     resp = admin.delete(f"/v1/locks/{key}")
     assert resp.status_code == 200, resp.text
     body = resp.json()
-    assert set(body) == {"released", "key", "message"}, body
+    assert set(body) == {"released", "key", "message", "released_count"}, body
+    assert body["released_count"] == 0
     assert body["released"] is False
     assert body["key"] == key
     assert isinstance(body["message"], str) and body["message"]

@@ -122,7 +122,8 @@ def test_request_bodies_refuse_unknown_fields_and_state_their_bounds(doc: dict[s
                                          ["schema"])
               for _, _, op in operations(doc) if "requestBody" in op}
     assert set(bodies) == {"acquireLock", "renewLease", "putPool", "patchPool", "acquireSlot",
-                           "renewSlot", "releaseSlot", "createKey", "refreshKey"}
+                           "renewSlot", "releaseSlot", "createKey", "refreshKey",
+                           "acquireLockSet"}
     for operation_id, schema in bodies.items():
         assert schema["type"] == "object" and schema["additionalProperties"] is False, \
             operation_id
@@ -139,6 +140,10 @@ def test_request_bodies_refuse_unknown_fields_and_state_their_bounds(doc: dict[s
     patch_limit = bodies["patchPool"]["properties"]["limit"]
     assert (patch_limit["type"], patch_limit["minimum"], patch_limit["maximum"]) \
         == ("integer", 1, 10000)
+    assert bodies["acquireLock"]["properties"]["mode"]["enum"] == ["exclusive", "shared"]
+    keys = bodies["acquireLockSet"]["properties"]["keys"]
+    assert (keys["minItems"], keys["maxItems"], keys["uniqueItems"]) == (1, 32, True)
+    assert bodies["acquireLockSet"]["required"] == ["keys", "ttl_seconds"]
     delay = bodies["acquireLock"]["properties"]["lock_delay_seconds"]
     assert (delay["type"], delay["minimum"], delay["maximum"]) == ("integer", 0, 60)
     for operation_id in ("acquireSlot", "renewSlot", "releaseSlot", "refreshKey"):

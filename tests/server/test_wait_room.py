@@ -13,9 +13,9 @@ LINE = ("pool", "default", "api")
 
 def test_each_event_wakes_one_waiter_in_ticket_order() -> None:
     room = WaitRoom()
-    third = room.park(LINE, 30)
-    first = room.park(LINE, 10)
-    second = room.park(LINE, 20)
+    third = room.park([LINE], 30)
+    first = room.park([LINE], 10)
+    second = room.park([LINE], 20)
     room.on_freed(Freed(*LINE))
     assert (first.wake.is_set(), second.wake.is_set(), third.wake.is_set()) == (
         True, False, False)
@@ -25,7 +25,7 @@ def test_a_second_event_before_the_head_ran_wakes_the_next() -> None:
     # A release wakes the head; the head's own admission then announces room
     # for one more before the head has left the line: that must not be lost.
     room = WaitRoom()
-    head, nxt = room.park(LINE, 1), room.park(LINE, 2)
+    head, nxt = room.park([LINE], 1), room.park([LINE], 2)
     room.on_freed(Freed(*LINE))
     room.on_freed(Freed(*LINE))
     assert head.wake.is_set() and nxt.wake.is_set()
@@ -33,16 +33,16 @@ def test_a_second_event_before_the_head_ran_wakes_the_next() -> None:
 
 def test_wake_all_and_other_lines() -> None:
     room = WaitRoom()
-    a, b = room.park(LINE, 1), room.park(LINE, 2)
-    other = room.park(("lock", "default", "api"), 3)
+    a, b = room.park([LINE], 1), room.park([LINE], 2)
+    other = room.park([("lock", "default", "api")], 3)
     room.on_freed(Freed(*LINE, wake_all=True))
     assert a.wake.is_set() and b.wake.is_set() and not other.wake.is_set()
 
 
 def test_unparked_waiters_are_forgotten() -> None:
     room = WaitRoom()
-    a = room.park(LINE, 1)
-    room.unpark(LINE, a)
+    a = room.park([LINE], 1)
+    room.unpark([LINE], a)
     room.on_freed(Freed(*LINE))  # nobody to wake: no error
     assert not a.wake.is_set()
 
@@ -52,8 +52,8 @@ LOCK = ("lock", "default", "k")
 
 def test_only_places_no_retry_refreshed_lately_are_running_out() -> None:
     room = WaitRoom()
-    stale, fresh = room.park(LINE, 1), room.park(LINE, 2)
-    other = room.park(LOCK, 3)
+    stale, fresh = room.park((LINE,), 1), room.park((LINE,), 2)
+    other = room.park((LOCK,), 3)
     stale.refreshed, fresh.refreshed, other.refreshed = 100.0, 104.0, 99.0
     due = room.running_out(now=100.0 + REFRESH_AFTER_S)
     assert due == {LINE: [stale], LOCK: [other]}
@@ -62,7 +62,7 @@ def test_only_places_no_retry_refreshed_lately_are_running_out() -> None:
 
 def test_wake_heads_wakes_the_first_waiter_of_every_line() -> None:
     room = WaitRoom()
-    a, b, c = room.park(LINE, 1), room.park(LINE, 2), room.park(LOCK, 3)
+    a, b, c = room.park((LINE,), 1), room.park((LINE,), 2), room.park((LOCK,), 3)
     room.wake_heads()
     assert (a.wake.is_set(), b.wake.is_set(), c.wake.is_set()) == (True, False, True)
 
@@ -70,7 +70,7 @@ def test_wake_heads_wakes_the_first_waiter_of_every_line() -> None:
 async def test_the_sweep_refreshes_what_ran_out_except_busy_lines(monkeypatch) -> None:
     monkeypatch.setattr(waiting, "SWEEP_S", 0.0)
     room = WaitRoom()
-    a, b = room.park(LINE, 1), room.park(LOCK, 2)  # never refreshed: both running out
+    a, b = room.park((LINE,), 1), room.park((LOCK,), 2)  # never refreshed: both running out
     asked: list[dict[tuple[str, str, str], list[int]]] = []
     swept = asyncio.Event()
 
@@ -88,3 +88,34 @@ async def test_the_sweep_refreshes_what_ran_out_except_busy_lines(monkeypatch) -
         sweeper.cancel()
     assert asked[0] == {LINE: [1], LOCK: [2]}
     assert a.refreshed > 0 and b.refreshed == 0
+
+
+def test_a_lock_set_parked_on_several_lines_wakes_from_any_and_leaves_all() -> None:
+    room = WaitRoom()
+    lines = [("lock", "default", "a"), ("lock", "default", "b")]
+    waiting_set = room.park(lines, 1)
+    room.on_freed(Freed(*lines[1]))
+    assert waiting_set.wake.is_set()
+    room.unpark(lines, waiting_set)
+    assert room.parked() == 0
+
+
+async def test_a_set_in_a_busy_line_stays_due_though_its_other_line_was_kept(
+    monkeypatch,
+) -> None:
+    monkeypatch.setattr(waiting, "SWEEP_S", 0.0)
+    room = WaitRoom()
+    both = room.park((LINE, LOCK), 1)
+    swept = asyncio.Event()
+
+    async def keep_waiting(lines, alive_ms):  # type: ignore[no-untyped-def]
+        swept.set()
+        return [LOCK]
+
+    sweeper = asyncio.create_task(room.sweep_forever(keep_waiting))
+    try:
+        await swept.wait()
+        await asyncio.sleep(0)
+    finally:
+        sweeper.cancel()
+    assert both.refreshed == 0

@@ -536,3 +536,30 @@ def test_a_pool_s_learned_state_is_shown_field_by_field(console_server: ServerPr
         assert shown in learned, (shown, learned)
     assert by_css(driver, "main i") == []
     assert browser_problems(driver) == []
+
+
+def test_a_shared_lock_shows_its_holders_and_a_force_release_ends_them_all(
+        console_server: ServerProcess, browser: Any) -> None:
+    driver = browser
+    name = unique_name("readers")
+    with console_server.client() as c:
+        for operation in ("report", "backup"):
+            resp = c.put(f"/v1/locks/{name}/lease", headers=lock_headers(),
+                         json={"ttl_seconds": 60, "operation": operation, "mode": "shared"})
+            assert resp.status_code == 201, resp.text
+    open_console(driver, console_server, console_server.admin_key)
+    signed_in(driver)
+    row = visible(driver, f'tr[data-lock="{name}"]')
+    assert "(shared, +1)" in row.text, row.text
+    visible(driver, f'button[data-lock="{name}"]').click()
+    wait_for("the mode and holder count", lambda: "shared" in driver.find_element(
+        "id", "lock-detail-facts").text and "Holders\n2" in driver.find_element(
+        "id", "lock-detail-facts").text)
+    visible(driver, f'button[data-force-release="{name}"]').click()
+    dialog = visible(driver, "dialog#confirm")
+    assert "1 other shared lease" in dialog.text, dialog.text
+    driver.find_element("id", "confirm-ok").click()
+    assert "2 leases ended" in visible(driver, "#notice").text
+    with console_server.client() as c:
+        assert c.get(f"/v1/locks/{name}").json()["held"] is False
+    assert browser_problems(driver) == []

@@ -1,7 +1,9 @@
-"""`fencepost lock ...`: acquire, renew, release, show, list, force-release, fence-check."""
+"""`fencepost lock ...`: acquire, renew, release, show, list, force-release, fence
+(and its old name fence-check)."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import click
@@ -52,12 +54,14 @@ def lock() -> None:
                    "for this long (0..60).")
 @click.option("--token", type=UUID, default=None,
               help="Lock token to use (default: a new one). Reusing it makes retries safe.")
+@click.option("--shared", is_flag=True, default=False,
+              help="A shared (reader) lease: others with --shared may hold the lock too.")
 @quiet_option("the lock token")
 @connection_options
 @api_command
 async def acquire(ctx: Ctx, key: str, ttl: int, wait: float, operation: str | None,
                   metadata: dict[str, Any] | None, on_expiry: str, lock_delay: int,
-                  token: str | None, quiet: bool) -> None:
+                  token: str | None, shared: bool, quiet: bool) -> None:
     """Acquire lock KEY and print its lock token and fencing token.
 
     The lease is not renewed after this command exits: renew it with
@@ -70,7 +74,7 @@ async def acquire(ctx: Ctx, key: str, ttl: int, wait: float, operation: str | No
     async with ctx.client() as client:
         work = client.acquire_lock(key, ttl=ttl, wait=wait, operation=operation,
                                    metadata=metadata, on_expiry=on_expiry,  # type: ignore[arg-type]
-                                   lock_delay=lock_delay, token=token)
+                                   lock_delay=lock_delay, shared=shared, token=token)
         lease = await while_waiting(work, lock_waiting(client, key), ProgressLine())
     emit_created(ctx, quiet, lease.lock_token, lease.to_dict(), lambda: "\n".join([
         f"acquired lock {lease.key}: fencing token {lease.fencing_token}, "
@@ -129,7 +133,11 @@ def _describe(info: LockInfo) -> str:
         waiting = f" ({info.waiters} waiting)" if info.waiters else ""
         return f"{info.key}: free{waiting}" + _line(info)
     holder = info.holder
-    return f"{info.key}: held, fencing token {info.fencing_token}\n" + fields([
+    head = f"{info.key}: held, fencing token {info.fencing_token}\n"
+    if info.mode == "shared":
+        head = (f"{info.key}: held shared by {info.holders}; the oldest has fencing token "
+                f"{info.fencing_token}\n")
+    return head + fields([
         ("holder", key_label(holder.key_id, holder.key_name) if holder else None),
         ("operation", info.operation),
         ("acquired", when(info.acquired_at)),
@@ -191,13 +199,15 @@ async def force_release(ctx: Ctx, key: str) -> None:
         if not result.released:
             return f"lock {key} was not held; nothing to release"
         age = duration((result.age_ms or 0) / 1000)
-        return (f"force-released lock {key} (fencing token {result.fencing_token}, "
+        leases = f"{result.released_count} leases, the oldest with " if (
+            result.released_count > 1) else ""
+        return (f"force-released lock {key} ({leases}fencing token {result.fencing_token}, "
                 f"operation {result.operation or '-'}, held for {age})")
 
     ctx.emit(result.to_dict(), human)
 
 
-@lock.command("fence-check")
+@lock.command("fence")
 @click.argument("key", type=NAME)
 @click.argument("token", type=click.IntRange(0, 2**53 - 1))
 @connection_options
@@ -219,3 +229,10 @@ async def fence_check(ctx: Ctx, key: str, token: int) -> int:
 
     ctx.emit(result.to_dict(), human)
     return int(ExitCode.OK if result.current else ExitCode.LOST)
+
+
+# The command's first name, kept so that scripts written for it still work;
+# hidden from the help, which names `fence`.
+_fence_check = copy.copy(fence_check)
+_fence_check.hidden = True
+lock.add_command(_fence_check, "fence-check")

@@ -40,7 +40,7 @@ from fencepost.cli.stopping import (
     margin_for,
 )
 from fencepost.client import AsyncClient
-from fencepost.client.aio import AsyncLockHold, AsyncSlotHold
+from fencepost.client.aio import AsyncLockHold, AsyncLockSetHold, AsyncSlotHold
 from fencepost.errors import FencepostError, LockHeld, QueueTimeout, TooManyRequests
 
 T = TypeVar("T")
@@ -84,7 +84,11 @@ def _slot_outcome_status(returncode: int) -> int:
 
 
 @click.command(context_settings={"allow_interspersed_args": False})
-@click.option("--lock", "lock_key", type=NAME, default=None, help="Hold this lock.")
+@click.option("--lock", "lock_keys", type=NAME, multiple=True,
+              help="Hold this lock; repeat it to hold several at once, all or none.")
+@click.option("--shared", is_flag=True, default=False,
+              help="Hold the lock(s) shared (a reader): others with --shared may hold "
+                   "them too, nobody exclusively.")
 @click.option("--pool", "pool_name", type=NAME, default=None, help="Hold a slot of this pool.")
 @click.option("--ttl", type=click.IntRange(5, 7_776_000), default=60, show_default=True,
               metavar="SECONDS", help="Lock lease length; renewed every third of it.")
@@ -104,14 +108,22 @@ def _slot_outcome_status(returncode: int) -> int:
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @connection_options
 @api_command
-async def run(ctx: Ctx, lock_key: str | None, pool_name: str | None, ttl: int, wait: float,
-              operation: str | None, metadata: dict[str, Any] | None, grace: float | None,
-              busy_exit_code: int, command: tuple[str, ...]) -> int:
-    """Run CMD while holding a lock (--lock KEY) or a pool slot (--pool POOL).
+async def run(ctx: Ctx, lock_keys: tuple[str, ...], shared: bool, pool_name: str | None,
+              ttl: int, wait: float, operation: str | None, metadata: dict[str, Any] | None,
+              grace: float | None, busy_exit_code: int, command: tuple[str, ...]) -> int:
+    """Run CMD while holding a lock (--lock KEY), several locks at once
+    (--lock A --lock B: all or none, without deadlock), or a pool slot
+    (--pool POOL).
 
     \b
     fencepost run --lock nightly-backup --ttl 120 -- ./backup.sh
+    fencepost run --lock reports --shared -- ./read-reports.sh
+    fencepost run --lock db-a --lock db-b -- ./migrate.sh
     fencepost run --pool upstream-api --wait 60 -- python call_api.py
+
+    CMD gets FENCEPOST_LOCK_KEY and FENCEPOST_FENCING_TOKEN (one lock), or
+    FENCEPOST_LOCK_KEYS and FENCEPOST_FENCING_TOKENS (several: `key=token`
+    pairs, comma-separated), or FENCEPOST_POOL and FENCEPOST_SLOT_ID.
 
     Exits with CMD's exit code. Before CMD runs: 3 (or --busy-exit-code) when
     the lock or slot is not free in time, and the codes of other commands for
@@ -119,10 +131,13 @@ async def run(ctx: Ctx, lock_key: str | None, pool_name: str | None, ttl: int, w
     while CMD ran (CMD was stopped before the lease could expire); 127 / 126
     when CMD cannot be found / executed.
     """
-    if (lock_key is None) == (pool_name is None):
-        raise CliFailure("give exactly one of --lock KEY and --pool POOL.", ExitCode.USAGE)
+    if bool(lock_keys) == (pool_name is not None):
+        raise CliFailure("give exactly one of --lock KEY (repeated for several locks) and "
+                         "--pool POOL.", ExitCode.USAGE)
+    if shared and pool_name is not None:
+        raise CliFailure("--shared is for locks, not pools.", ExitCode.USAGE)
     renew_every: float | None = None
-    if lock_key is not None:
+    if lock_keys:
         try:
             grace = choose_grace(grace, ttl, MIN_LOCK_WINDOW_S)
         except ValueError as exc:
@@ -135,17 +150,24 @@ async def run(ctx: Ctx, lock_key: str | None, pool_name: str | None, ttl: int, w
     runner = _Runner(ctx, list(command), grace, ttl)
     client = ctx.client(timeout=timeout, on_renewed=runner.renewed)
     async with client:
-        hold: AsyncLockHold | AsyncSlotHold
-        if lock_key is not None:
+        hold: Hold
+        if lock_keys:
             details = {"host": os.uname().nodename, "pid": os.getpid(), **(metadata or {})}
-            hold = client.lock(
-                lock_key, ttl=ttl, wait=wait, raise_on_loss=False, metadata=details,
+            options: dict[str, Any] = dict(
+                ttl=ttl, wait=wait, raise_on_loss=False, metadata=details, shared=shared,
                 operation=(operation or os.path.basename(command[0]) or "run")[:64],
                 renew_every=renew_every,
             )
+            if len(lock_keys) == 1:
+                hold = client.lock(lock_keys[0], **options)
+            else:
+                hold = client.lock_many(lock_keys, **options)
         else:
             hold = client.slot(pool_name or "", wait=wait, raise_on_loss=False)
         return await runner.run(client, hold, busy_exit_code)
+
+
+Hold = AsyncLockHold | AsyncLockSetHold | AsyncSlotHold
 
 
 class _Runner:
@@ -172,7 +194,7 @@ class _Runner:
         if always or self.verbose:
             click.echo(f"fencepost: {text}", err=True)
 
-    async def run(self, client: AsyncClient, hold: AsyncLockHold | AsyncSlotHold,
+    async def run(self, client: AsyncClient, hold: Hold,
                   busy_exit_code: int) -> int:
         loop = asyncio.get_running_loop()
         self.main_task = asyncio.current_task()
@@ -190,11 +212,14 @@ class _Runner:
             for sig in FORWARDED:
                 loop.remove_signal_handler(sig)
 
-    async def _acquire(self, client: AsyncClient, hold: AsyncLockHold | AsyncSlotHold,
+    async def _acquire(self, client: AsyncClient, hold: Hold,
                        busy_exit_code: int) -> int | None:
         if isinstance(hold, AsyncLockHold):
             describe = lock_waiting(client, hold.key)
             what = f"lock {hold.key}"
+        elif isinstance(hold, AsyncLockSetHold):
+            describe = lock_waiting(client, hold.keys[0])
+            what = f"locks {', '.join(hold.keys)}"
         else:
             describe = slot_waiting(client, hold.pool)
             what = f"a slot of pool {hold.pool}"
@@ -223,16 +248,19 @@ class _Runner:
         if isinstance(hold, AsyncLockHold):
             self.say(f"holding lock {hold.key} (fencing token {hold.fencing_token}); "
                      f"running {self.argv[0]}")
+        elif isinstance(hold, AsyncLockSetHold):
+            tokens = ", ".join(f"{k} {t}" for k, t in hold.fencing_tokens.items())
+            self.say(f"holding locks (fencing tokens {tokens}); running {self.argv[0]}")
         else:
             self.say(f"holding a slot of pool {hold.pool}; running {self.argv[0]}")
         return None
 
-    async def _schedule(self, client: AsyncClient, hold: AsyncLockHold | AsyncSlotHold,
+    async def _schedule(self, client: AsyncClient, hold: Hold,
                         sent: float) -> int | None:
         """Set the stop times of the lease granted by an acquire sent at `sent`;
         an exit code instead when CMD must not start."""
-        if isinstance(hold, AsyncLockHold):
-            lease = hold.lease
+        if not isinstance(hold, AsyncSlotHold):
+            lease = hold.lease if isinstance(hold, AsyncLockHold) else hold.leases[0]
             lifetime = (lease.deadline_at - lease.acquired_at).total_seconds()
             assert self.grace is not None  # chosen before acquiring
             self.schedule = StopSchedule(self.ttl, self.grace, sent, sent + lifetime)
@@ -253,6 +281,9 @@ class _Runner:
             with contextlib.suppress(FencepostError):
                 if isinstance(hold, AsyncLockHold):
                     await client.renew_lock(hold.key, hold.token, ttl=self.ttl)
+                elif isinstance(hold, AsyncLockSetHold):
+                    for key in hold.keys:
+                        await client.renew_lock(key, hold.token, ttl=self.ttl)
                 else:
                     await client.renew_slot(hold.pool, hold.slot_id)
         if self.schedule.term_at() <= time.monotonic():
@@ -261,17 +292,21 @@ class _Runner:
             return int(ExitCode.LOST)
         return None
 
-    def _environment(self, hold: AsyncLockHold | AsyncSlotHold) -> dict[str, str]:
+    def _environment(self, hold: Hold) -> dict[str, str]:
         env = dict(os.environ)
         if isinstance(hold, AsyncLockHold):
             env["FENCEPOST_LOCK_KEY"] = hold.key
             env["FENCEPOST_FENCING_TOKEN"] = str(hold.fencing_token)
+        elif isinstance(hold, AsyncLockSetHold):
+            env["FENCEPOST_LOCK_KEYS"] = ",".join(hold.keys)
+            env["FENCEPOST_FENCING_TOKENS"] = ",".join(
+                f"{key}={token}" for key, token in hold.fencing_tokens.items())
         else:
             env["FENCEPOST_POOL"] = hold.pool
             env["FENCEPOST_SLOT_ID"] = hold.slot_id
         return env
 
-    async def _run_child(self, hold: AsyncLockHold | AsyncSlotHold) -> int:
+    async def _run_child(self, hold: Hold) -> int:
         try:
             self.child = await asyncio.create_subprocess_exec(
                 *self.argv, env=self._environment(hold),

@@ -12,7 +12,7 @@ policy). The clients only move bytes and run the keeper in a task or a thread.
             store.write(data, fencing_token=lock.fencing_token)
 """
 
-from fencepost.client.aio import AsyncClient, AsyncLockHold, AsyncSlotHold
+from fencepost.client.aio import AsyncClient, AsyncLockHold, AsyncLockSetHold, AsyncSlotHold
 from fencepost.client.keeper import Loss
 from fencepost.client.methods import METHOD_NAMES, Methods
 from fencepost.client.models import (
@@ -28,6 +28,7 @@ from fencepost.client.models import (
     LeaseRenewal,
     LockInfo,
     LockPage,
+    LockSet,
     PoolInfo,
     PoolPage,
     SlotGrant,
@@ -38,7 +39,7 @@ from fencepost.client.models import (
 )
 from fencepost.client.outcome import Outcome, outcome_from_response
 from fencepost.client.retrying import NO_RETRIES, Retries
-from fencepost.client.sync import Client, LockHold, SlotHold
+from fencepost.client.sync import Client, LockHold, LockSetHold, SlotHold
 from fencepost.client.transport import DEFAULT_URL, Settings
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "NO_RETRIES",
     "AsyncClient",
     "AsyncLockHold",
+    "AsyncLockSetHold",
     "AsyncSlotHold",
     "Client",
     "CreatedKey",
@@ -59,7 +61,9 @@ __all__ = [
     "Learned",
     "Lease",
     "LeaseRenewal",
+    "LockSet",
     "LockHold",
+    "LockSetHold",
     "LockInfo",
     "LockPage",
     "Loss",

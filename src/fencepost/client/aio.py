@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -13,7 +13,14 @@ import httpx
 from tenacity import AsyncRetrying
 
 from fencepost.client.calls import Call, Sleep, raise_for_status
-from fencepost.client.holding import Holding, LockFacts, SlotFacts, log, report_failure
+from fencepost.client.holding import (
+    Holding,
+    LockFacts,
+    LockSetFacts,
+    SlotFacts,
+    log,
+    report_failure,
+)
 from fencepost.client.keeper import Terms, keep_alive
 from fencepost.client.key_refresh import CurrentKey, KeyRefresh, OnKeyRefresh, refresh_if_due
 from fencepost.client.methods import AsyncRunner, Methods
@@ -200,6 +207,7 @@ class AsyncClient(CurrentKey, Methods, AsyncRunner):
         metadata: Mapping[str, Any] | None = None,
         on_expiry: OnExpiry = "release",
         lock_delay: int = 0,
+        shared: bool = False,
         renew_every: float | None = None,
         on_lost: Callable[[AsyncLockHold], Any] | None = None,
         cancel_on_loss: bool = False,
@@ -222,12 +230,45 @@ class AsyncClient(CurrentKey, Methods, AsyncRunner):
         raises `LeaseLost` on exit unless `raise_on_loss=False`. With
         `lock_delay` (0..60 s), if the lease ends by expiry or force release
         nobody gets the lock for that long, so this holder's writes in flight
-        land before the next holder starts.
+        land before the next holder starts. With `shared=True` the lease is a
+        shared (reader) one: readers hold the lock together, a writer waits
+        for all of them, and readers arriving behind a waiting writer wait
+        behind it.
         """
         return AsyncLockHold(
             self, key, ttl=ttl, wait=wait, operation=operation, metadata=metadata,
             on_expiry=on_expiry, lock_delay=lock_delay, renew_every=renew_every, token=token,
-            on_lost=on_lost,
+            on_lost=on_lost, shared=shared,
+            raise_on_loss=raise_on_loss, cancel_on_loss=cancel_on_loss,
+        )
+
+    def lock_many(
+        self,
+        keys: Sequence[str],
+        *,
+        ttl: int = 60,
+        wait: float = 0,
+        operation: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        on_expiry: OnExpiry = "release",
+        lock_delay: int = 0,
+        shared: bool = False,
+        renew_every: float | None = None,
+        on_lost: Callable[[AsyncLockSetHold], Any] | None = None,
+        cancel_on_loss: bool = False,
+        raise_on_loss: bool = True,
+        token: str | None = None,
+    ) -> AsyncLockSetHold:
+        """Hold every lock in `keys` (1..32 names) for an `async with` block:
+        all are acquired at once or none (waiting in every key's line at once,
+        so two blocks never deadlock), each is renewed, and all are released on
+        exit. The hold has `fencing_tokens` (one per key), `leases`, and one
+        loss signal for the lot: `lost`, `lost_event`, `check()`, `on_lost`
+        and `cancel_on_loss` work as for `lock()` when any key is lost."""
+        return AsyncLockSetHold(
+            self, keys, ttl=ttl, wait=wait, operation=operation, metadata=metadata,
+            on_expiry=on_expiry, lock_delay=lock_delay, renew_every=renew_every, token=token,
+            on_lost=on_lost, shared=shared,
             raise_on_loss=raise_on_loss, cancel_on_loss=cancel_on_loss,
         )
 
@@ -262,7 +303,7 @@ class _AsyncHold(Holding):
     def _hold_init(self, client: AsyncClient, cancel_on_loss: bool) -> None:
         self._client = client
         self._cancel_on_loss = cancel_on_loss
-        self._keeper: asyncio.Task[None] | None = None
+        self._keepers: list[asyncio.Task[None]] = []
         self._owner: asyncio.Task[Any] | None = None
         self._exiting = False
         self._cancelled_owner = False
@@ -286,9 +327,11 @@ class _AsyncHold(Holding):
             if self._release_after_failed_acquire() and _maybe_granted(error):
                 await self._release_quietly()
             raise
-        terms = self._make_terms(result, sent, time.monotonic())
         self._held = True
-        self._keeper = asyncio.create_task(self._keep(terms), name=f"fencepost-keep-{self._what}")
+        self._keepers = [
+            asyncio.create_task(self._keep(terms), name=f"fencepost-keep-{self._what}")
+            for terms in self._make_terms(result, sent, time.monotonic())
+        ]
         return self
 
     async def __aexit__(
@@ -322,9 +365,10 @@ class _AsyncHold(Holding):
         return self._owner.cancelling() if self._owner is not None else 0
 
     async def _finish(self) -> None:
-        if self._keeper is not None:
-            self._keeper.cancel()
-            await asyncio.wait([self._keeper])
+        for keeper in self._keepers:
+            keeper.cancel()
+        if self._keepers:
+            await asyncio.wait(self._keepers)
         await self._release_quietly()
 
     def _take_back_cancellation(self) -> None:
@@ -374,6 +418,15 @@ class AsyncLockHold(LockFacts, _AsyncHold):
     def __init__(self, client: AsyncClient, key: str, *, cancel_on_loss: bool,
                  **options: Any) -> None:
         LockFacts.__init__(self, key, **options)
+        self._hold_init(client, cancel_on_loss)
+
+
+class AsyncLockSetHold(LockSetFacts, _AsyncHold):
+    """Locks held by `async with client.lock_many(...)`; see `AsyncClient.lock_many`."""
+
+    def __init__(self, client: AsyncClient, keys: Sequence[str], *, cancel_on_loss: bool,
+                 **options: Any) -> None:
+        LockSetFacts.__init__(self, keys, **options)
         self._hold_init(client, cancel_on_loss)
 
 

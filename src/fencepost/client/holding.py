@@ -7,7 +7,7 @@ acquire runs, where the keeper runs (a task or a thread), and how exit stops it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -15,8 +15,16 @@ import httpx
 
 from fencepost.client.calls import name_segment, new_token
 from fencepost.client.keeper import LockTerms, Loss, SlotTerms, Terms
-from fencepost.client.models import Lease, OnExpiry, SlotGrant
-from fencepost.client.operations import Op, acquire_lock, acquire_slot, release_lock, release_slot
+from fencepost.client.models import Lease, LockSet, OnExpiry, SlotGrant
+from fencepost.client.operations import (
+    Op,
+    acquire_lock,
+    acquire_lock_set,
+    acquire_slot,
+    release_call,
+    release_lock,
+    release_slot,
+)
 from fencepost.client.outcome import Outcome, merge_outcome, outcome_from_response
 from fencepost.errors import FencepostError, LeaseLost
 
@@ -83,7 +91,9 @@ class Holding:
     def _acquire_op(self) -> Op[Any]:
         raise NotImplementedError
 
-    def _make_terms(self, result: Any, sent: float, answered: float) -> Terms:
+    def _make_terms(self, result: Any, sent: float, answered: float) -> list[Terms]:
+        """One Terms per lease to keep alive (a lock set has one per key); each
+        gets its own keeper, and the first loss among them is the hold's."""
         raise NotImplementedError
 
     def _release_op(self) -> Op[bool]:
@@ -93,15 +103,11 @@ class Holding:
         raise NotImplementedError
 
 
-class LockFacts(Holding):
-    """A lock held by a `with client.lock(...)` block: its key, fencing token and
-    expiry. Pass `fencing_token` to whatever the lock protects."""
-
-    _what = "lock lease"
+class _LockOptions(Holding):
+    """What a lock hold asks the server for, one key or several (a lock set)."""
 
     def __init__(
         self,
-        key: str,
         *,
         ttl: int,
         wait: float,
@@ -113,9 +119,10 @@ class LockFacts(Holding):
         token: str | None,
         on_lost: Callable[[Any], Any] | None,
         raise_on_loss: bool,
+        shared: bool = False,
     ) -> None:
         super().__init__(on_lost, raise_on_loss)
-        self.key = name_segment(key, "key")
+        self.shared = shared
         self.token = token or new_token()
         self._ttl = ttl
         self._wait = wait
@@ -124,6 +131,22 @@ class LockFacts(Holding):
         self._on_expiry: OnExpiry = on_expiry
         self._lock_delay = lock_delay
         self._renew_every = renew_every
+
+    def _release_after_failed_acquire(self) -> bool:
+        # The acquire may have been granted with an answer that never arrived; the
+        # token is ours, so releasing what it may hold is always safe.
+        return True
+
+
+class LockFacts(_LockOptions):
+    """A lock held by a `with client.lock(...)` block: its key, fencing token and
+    expiry. Pass `fencing_token` to whatever the lock protects."""
+
+    _what = "lock lease"
+
+    def __init__(self, key: str, **options: Any) -> None:
+        super().__init__(**options)
+        self.key = name_segment(key, "key")
         self._terms: LockTerms | None = None
 
     @property
@@ -155,20 +178,73 @@ class LockFacts(Holding):
         return acquire_lock(
             self.key, ttl=self._ttl, wait=self._wait, operation=self._operation,
             metadata=self._metadata, on_expiry=self._on_expiry, lock_delay=self._lock_delay,
-            token=self.token,
+            shared=self.shared, token=self.token,
         )
 
-    def _make_terms(self, lease: Lease, sent: float, answered: float) -> LockTerms:
+    def _make_terms(self, lease: Lease, sent: float, answered: float) -> list[Terms]:
         self._terms = LockTerms(lease, self._ttl, sent, answered, self._renew_every)
-        return self._terms
+        return [self._terms]
 
     def _release_op(self) -> Op[bool]:
         return release_lock(self.key, self.token)
 
-    def _release_after_failed_acquire(self) -> bool:
-        # The acquire may have been granted with an answer that never arrived; the
-        # token is ours, so releasing it is always safe.
-        return True
+
+class LockSetFacts(_LockOptions):
+    """Locks held together by a `with client.lock_many(...)` block (SPEC §3.7):
+    acquired all or none under one lock token, each renewed on its own, and one
+    loss signal for the lot (the first key lost). Pass each key's fencing token
+    to whatever that key protects."""
+
+    _what = "lock set lease"
+
+    def __init__(self, keys: Sequence[str], **options: Any) -> None:
+        super().__init__(**options)
+        self.keys = [name_segment(key, "key") for key in keys]
+        self._terms: list[LockTerms] | None = None
+
+    @property
+    def leases(self) -> list[Lease]:
+        """The grants as the server answered them, in the order of `keys`."""
+        return [terms.lease for terms in self._require()]
+
+    @property
+    def fencing_tokens(self) -> dict[str, int]:
+        """Each key's fencing token; pass it with every write that key protects."""
+        return {terms.key: terms.lease.fencing_token for terms in self._require()}
+
+    @property
+    def expires_at(self) -> datetime:
+        """When the first of the leases expires unless renewed."""
+        return min(terms.expires_at for terms in self._require())
+
+    def _require(self) -> list[LockTerms]:
+        if self._terms is None:
+            raise RuntimeError("The locks are not acquired yet; use them inside the block.")
+        return self._terms
+
+    def _acquire_op(self) -> Op[LockSet]:
+        return acquire_lock_set(
+            self.keys, ttl=self._ttl, wait=self._wait, operation=self._operation,
+            metadata=self._metadata, on_expiry=self._on_expiry, lock_delay=self._lock_delay,
+            shared=self.shared, token=self.token,
+        )
+
+    def _make_terms(self, granted: LockSet, sent: float, answered: float) -> list[Terms]:
+        self._terms = [LockTerms(lease, self._ttl, sent, answered, self._renew_every)
+                       for lease in granted.leases]
+        return list(self._terms)
+
+    def _release_op(self) -> Op[bool]:
+        return _release_each(self.keys, self.token)
+
+
+def _release_each(keys: list[str], token: str) -> Op[bool]:
+    """Release every key the token holds; True when it held them all."""
+    held = True
+    for key in keys:
+        released: bool = yield release_call(key, token)
+        held = held and released
+    return held
 
 
 class SlotFacts(Holding):
@@ -244,10 +320,10 @@ class SlotFacts(Holding):
     def _acquire_op(self) -> Op[SlotGrant]:
         return acquire_slot(self.pool, wait=self._wait, no_queue=self._no_queue)
 
-    def _make_terms(self, grant: SlotGrant, sent: float, answered: float) -> SlotTerms:
+    def _make_terms(self, grant: SlotGrant, sent: float, answered: float) -> list[Terms]:
         self._grant = grant
         self._terms = SlotTerms(grant, sent, answered)
-        return self._terms
+        return [self._terms]
 
     def _release_op(self) -> Op[bool]:
         return release_slot(self.pool, self.grant.slot_id, self.outcome)

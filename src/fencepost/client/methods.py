@@ -92,6 +92,7 @@ class Methods:
 
     # locks
     acquire_lock = operation(ops.acquire_lock)
+    acquire_lock_set = operation(ops.acquire_lock_set)
     renew_lock = operation(ops.renew_lock)
     release_lock = operation(ops.release_lock)
     get_lock = operation(ops.get_lock)

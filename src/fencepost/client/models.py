@@ -13,6 +13,7 @@ from typing import Any, Literal
 import msgspec
 
 OnExpiry = Literal["release", "keep"]
+LockMode = Literal["exclusive", "shared"]
 Role = Literal["admin", "member", "reader"]
 
 
@@ -61,6 +62,7 @@ class Lease(Model, frozen=True, kw_only=True):
     on_expiry: OnExpiry = "release"
     lock_token: str = ""
     created: bool = True
+    mode: LockMode = "exclusive"
 
 
 class LeaseRenewal(Model, frozen=True, kw_only=True):
@@ -89,6 +91,10 @@ class LockInfo(Model, frozen=True, kw_only=True):
     waiters: int = 0
     holder: KeyHolder | None = None
     line: list[Waiter] = []
+    mode: LockMode | None = None
+    holders: int = 0
+    """How many leases are live: several for a shared lock, whose oldest holder
+    the other fields show."""
 
 
 class KeyHolder(Model, frozen=True, kw_only=True):
@@ -126,6 +132,18 @@ class ForceRelease(Model, frozen=True, kw_only=True):
     age_ms: int | None = None
     expires_in_ms: int | None = None
     message: str | None = None
+    released_count: int = 0
+    """How many live leases ended (several for a shared lock)."""
+
+
+class LockSet(Model, frozen=True, kw_only=True):
+    """A lock set's grant (SPEC §3.7): one lease per key, in the order asked,
+    all under one lock token. `created` is False when the token already held
+    every key (a retried acquire)."""
+
+    leases: list[Lease]
+    lock_token: str = ""
+    created: bool = True
 
 
 class FenceCheck(Model, frozen=True, kw_only=True):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Generator, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
 import msgspec
@@ -40,7 +40,9 @@ from fencepost.client.models import (
     Lease,
     LeaseRenewal,
     LockInfo,
+    LockMode,
     LockPage,
+    LockSet,
     OnExpiry,
     PoolInfo,
     PoolPage,
@@ -88,9 +90,31 @@ def acquire_call(
     metadata: Mapping[str, Any] | None = None,
     on_expiry: OnExpiry = "release",
     lock_delay: int = 0,
+    shared: bool = False,
     retry: bool = True,
 ) -> Call[Lease]:
     """The acquire request for one lock token; waits until `wait_until` (monotonic)."""
+    body = _acquire_body(ttl, operation, metadata, on_expiry, lock_delay, shared)
+    mode: LockMode = "shared" if shared else "exclusive"
+
+    def decode(reply: Reply) -> Lease:
+        lease = parse_body(reply, Lease)
+        return msgspec.structs.replace(
+            lease, lock_token=token, created=reply.status == 201, mode=mode
+        )
+
+    return Call(
+        "PUT", f"/v1/locks/{name_segment(key, 'key')}/lease", decode, body=body,
+        headers={"X-Lock-Token": token},
+        wait=None if wait_until is None else Wait(wait_until, "wait_seconds"),
+        retry=retry,
+    )
+
+
+def _acquire_body(
+    ttl: int, operation: str | None, metadata: Mapping[str, Any] | None,
+    on_expiry: OnExpiry, lock_delay: int, shared: bool,
+) -> dict[str, Any]:
     body: dict[str, Any] = {"ttl_seconds": ttl}
     if operation is not None:
         body["operation"] = operation
@@ -100,17 +124,25 @@ def acquire_call(
         body["on_expiry"] = on_expiry
     if lock_delay:
         body["lock_delay_seconds"] = lock_delay
+    if shared:
+        body["mode"] = "shared"
+    return body
 
-    def decode(reply: Reply) -> Lease:
-        lease = parse_body(reply, Lease)
-        return msgspec.structs.replace(lease, lock_token=token, created=reply.status == 201)
 
-    return Call(
-        "PUT", f"/v1/locks/{name_segment(key, 'key')}/lease", decode, body=body,
-        headers={"X-Lock-Token": token},
-        wait=None if wait_until is None else Wait(wait_until, "wait_seconds"),
-        retry=retry,
-    )
+def _in_chunks(wait: float, make: Callable[[float | None], Call[T]]) -> Op[T]:
+    """Run the acquire `make(wait_until)` makes, waiting up to `wait` seconds in
+    all: waits over 300 s (the server's longest) are consecutive waits."""
+    deadline = time.monotonic() + wait if wait > 0 else None
+    while True:
+        chunk_end = None
+        if deadline is not None:
+            chunk_end = min(deadline, time.monotonic() + MAX_LOCK_WAIT_S)
+        try:
+            result: T = yield make(chunk_end)
+            return result
+        except LockHeld:
+            if deadline is None or time.monotonic() >= deadline - 0.001:
+                raise
 
 
 def acquire_lock(
@@ -122,6 +154,7 @@ def acquire_lock(
     metadata: Mapping[str, Any] | None = None,
     on_expiry: OnExpiry = "release",
     lock_delay: int = 0,
+    shared: bool = False,
     token: str | None = None,
 ) -> Op[Lease]:
     """Acquire lock `key` for `ttl` seconds, waiting in line up to `wait` seconds
@@ -130,23 +163,51 @@ def acquire_lock(
     expiry or force release, nobody gets the lock for that long. A retried
     request reuses the same lock token, so a lost answer never creates a second
     lease. Waits over 300 s (the server's longest) are made of consecutive
-    waits. You usually want `lock()` instead: it renews and releases for you."""
+    waits. `shared=True` takes a shared (reader) lease: any number may be live
+    together, none beside an exclusive one, and a reader arriving behind a
+    waiting writer waits behind it. You usually want `lock()` instead: it
+    renews and releases for you."""
     token = token or new_token()
-    deadline = time.monotonic() + wait if wait > 0 else None
-    while True:
-        chunk_end = None
-        if deadline is not None:
-            chunk_end = min(deadline, time.monotonic() + MAX_LOCK_WAIT_S)
-        call = acquire_call(
-            key, token, ttl=ttl, wait_until=chunk_end, operation=operation,
-            metadata=metadata, on_expiry=on_expiry, lock_delay=lock_delay,
-        )
-        try:
-            lease: Lease = yield call
-            return lease
-        except LockHeld:
-            if deadline is None or time.monotonic() >= deadline - 0.001:
-                raise
+    return _in_chunks(wait, lambda until: acquire_call(
+        key, token, ttl=ttl, wait_until=until, operation=operation,
+        metadata=metadata, on_expiry=on_expiry, lock_delay=lock_delay, shared=shared,
+    ))
+
+
+def acquire_lock_set(
+    keys: Sequence[str],
+    *,
+    ttl: int,
+    wait: float = 0,
+    operation: str | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    on_expiry: OnExpiry = "release",
+    lock_delay: int = 0,
+    shared: bool = False,
+    token: str | None = None,
+) -> Op[LockSet]:
+    """Acquire every lock in `keys` (1..32 distinct names) under one lock token,
+    or none (SPEC §3.7): `LockHeld` names the first busy key. Waiting takes a
+    place in every key's line at once, so two sets never deadlock. Renew and
+    release each key with `renew_lock` / `release_lock` and the set's
+    `lock_token`. You usually want `lock_many()` instead."""
+    token = token or new_token()
+    names = [name_segment(key, "key") for key in keys]
+    body = {"keys": names, **_acquire_body(ttl, operation, metadata, on_expiry, lock_delay,
+                                           shared)}
+    mode: LockMode = "shared" if shared else "exclusive"
+
+    def decode(reply: Reply) -> LockSet:
+        granted = parse_body(reply, LockSet)
+        created = reply.status == 201
+        leases = [msgspec.structs.replace(lease, lock_token=token, created=created, mode=mode)
+                  for lease in granted.leases]
+        return LockSet(leases=leases, lock_token=token, created=created)
+
+    return _in_chunks(wait, lambda until: Call(
+        "POST", "/v1/lock-sets", decode, body=body, headers={"X-Lock-Token": token},
+        wait=None if until is None else Wait(until, "wait_seconds"),
+    ))
 
 
 def renew_call(key: str, token: str, ttl: int, *, retry: bool = True,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -16,7 +16,14 @@ import httpx
 from tenacity import Retrying
 
 from fencepost.client.calls import Call, Sleep, raise_for_status
-from fencepost.client.holding import Holding, LockFacts, SlotFacts, log, report_failure
+from fencepost.client.holding import (
+    Holding,
+    LockFacts,
+    LockSetFacts,
+    SlotFacts,
+    log,
+    report_failure,
+)
 from fencepost.client.keeper import Terms, keep_alive
 from fencepost.client.key_refresh import CurrentKey, KeyRefresh, OnKeyRefresh, refresh_if_due
 from fencepost.client.methods import Methods, SyncRunner
@@ -190,6 +197,7 @@ class Client(CurrentKey, Methods, SyncRunner):
         metadata: Mapping[str, Any] | None = None,
         on_expiry: OnExpiry = "release",
         lock_delay: int = 0,
+        shared: bool = False,
         renew_every: float | None = None,
         on_lost: Callable[[LockHold], Any] | None = None,
         raise_on_loss: bool = True,
@@ -203,12 +211,36 @@ class Client(CurrentKey, Methods, SyncRunner):
         `on_lost(hold)` from the renewal thread; a thread cannot be interrupted,
         so call `hold.check()` between steps of work. A block that ends normally
         after its lease was lost raises `LeaseLost` unless `raise_on_loss=False`.
-        See `AsyncClient.lock` for the rest."""
+        See `AsyncClient.lock` for the rest (`shared=True` for a reader)."""
         return LockHold(
             self, key, ttl=ttl, wait=wait, operation=operation, metadata=metadata,
             on_expiry=on_expiry, lock_delay=lock_delay, renew_every=renew_every, token=token,
-            on_lost=on_lost,
+            on_lost=on_lost, shared=shared,
             raise_on_loss=raise_on_loss,
+        )
+
+    def lock_many(
+        self,
+        keys: Sequence[str],
+        *,
+        ttl: int = 60,
+        wait: float = 0,
+        operation: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        on_expiry: OnExpiry = "release",
+        lock_delay: int = 0,
+        shared: bool = False,
+        renew_every: float | None = None,
+        on_lost: Callable[[LockSetHold], Any] | None = None,
+        raise_on_loss: bool = True,
+        token: str | None = None,
+    ) -> LockSetHold:
+        """Hold every lock in `keys` for a `with` block, all or none, renewed in
+        background threads with one loss signal; see `AsyncClient.lock_many`."""
+        return LockSetHold(
+            self, keys, ttl=ttl, wait=wait, operation=operation, metadata=metadata,
+            on_expiry=on_expiry, lock_delay=lock_delay, renew_every=renew_every, token=token,
+            on_lost=on_lost, shared=shared, raise_on_loss=raise_on_loss,
         )
 
     def slot(
@@ -236,7 +268,7 @@ class _SyncHold(Holding):
         self._stop = threading.Event()
         self.lost_event = threading.Event()
         """Set when the lease is lost."""
-        self._keeper: threading.Thread | None = None
+        self._keepers: list[threading.Thread] = []
 
 
     def __enter__(self) -> Self:
@@ -247,14 +279,17 @@ class _SyncHold(Holding):
             if self._release_after_failed_acquire() and _maybe_granted(error):
                 self._release_quietly()
             raise
-        terms = self._make_terms(result, sent, time.monotonic())
         self._held = True
         owner = threading.current_thread()
-        self._keeper = threading.Thread(
-            target=self._keep, args=(terms, owner), name=f"fencepost-keep-{self._what}",
-            daemon=True,
-        )
-        self._keeper.start()
+        self._keepers = [
+            threading.Thread(
+                target=self._keep, args=(terms, owner), name=f"fencepost-keep-{self._what}",
+                daemon=True,
+            )
+            for terms in self._make_terms(result, sent, time.monotonic())
+        ]
+        for keeper in self._keepers:
+            keeper.start()
         return self
 
     def __exit__(
@@ -262,10 +297,10 @@ class _SyncHold(Holding):
         tb: TracebackType | None,
     ) -> None:
         self._stop.set()  # from here on, no renewal starts
-        if self._keeper is not None:
+        for keeper in self._keepers:
             # A renewal already in flight may still land; the release below ends
             # the lease either way (a renewal never revives a released lease).
-            self._keeper.join(timeout=self._client.settings.timeout + 1)
+            keeper.join(timeout=self._client.settings.timeout + 1)
         self._release_quietly()
         self._held = False
         if self._should_raise_on_exit(exc is not None):
@@ -302,6 +337,14 @@ class LockHold(LockFacts, _SyncHold):
 
     def __init__(self, client: Client, key: str, **options: Any) -> None:
         LockFacts.__init__(self, key, **options)
+        self._hold_init(client)
+
+
+class LockSetHold(LockSetFacts, _SyncHold):
+    """Locks held by `with client.lock_many(...)`; see `Client.lock_many`."""
+
+    def __init__(self, client: Client, keys: Sequence[str], **options: Any) -> None:
+        LockSetFacts.__init__(self, keys, **options)
         self._hold_init(client)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Callable
+from typing import Callable, Mapping, Sequence
 
 from fencepost.core.timefmt import MS_PER_DAY, MS_PER_SECOND
 from fencepost.errors import LeaseExpired, LeaseLost, LockHeld
@@ -25,6 +25,23 @@ RENEW_MARGIN_MS = 1000
 # flight land before the next holder starts.
 LOCK_DELAY_MAX_SECONDS = 60
 LOCK_DELAY_REASON = "lock_delay"
+
+
+# A lock set names at most this many keys (SPEC §3.7): each key is a waiter row
+# and a lease, and the set is decided in one transaction.
+LOCK_SET_MAX_KEYS = 32
+
+
+class Mode(StrEnum):
+    """SPEC §3.6: an exclusive lease excludes every other lease of its lock;
+    any number of shared leases may be live together."""
+
+    EXCLUSIVE = "exclusive"
+    SHARED = "shared"
+
+
+def compatible(wanted: Mode, other: Mode) -> bool:
+    return wanted is Mode.SHARED and other is Mode.SHARED
 
 
 class OnExpiry(StrEnum):
@@ -56,6 +73,7 @@ class Lease:
     key_id: str | None = None
     # Applied when the lease ends by expiry or force release (SPEC §3.9).
     lock_delay_ms: int = 0
+    mode: Mode = Mode.EXCLUSIVE
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +86,7 @@ class AcquireRequest:
     key_id: str | None = None  # the caller's API key
     wait_ms: int = 0  # how long the caller will wait in line; 0 fails fast
     lock_delay_seconds: int = 0
+    mode: Mode = Mode.EXCLUSIVE
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,16 +96,31 @@ class Granted:
 
 
 @dataclass(frozen=True, slots=True)
+class SetGranted:
+    """A lock set's grant (SPEC §3.7): one lease per key, in the order asked."""
+
+    leases: tuple[Lease, ...]
+    created: bool  # False: the token already held every key (a retried acquire)
+
+
+@dataclass(frozen=True, slots=True)
 class Busy:
-    holder: Lease | None  # None: free, but in its lock delay or others wait ahead
+    # The lease in the way (for a shared lock, the one whose end frees it last),
+    # None: free, but in its lock delay or others wait ahead.
+    holder: Lease | None
     now_ms: int
     waiters: int = 0
     delay_until_ms: int | None = None  # set when refused because of a lock delay
+    key: str | None = None  # the busy key: a lock set's 409 names it (SPEC §3.7)
 
     def to_error(self) -> LockHeld:
         if self.delay_until_ms is not None:
-            return lock_delay_error(self.delay_until_ms, self.now_ms, self.waiters)
-        return lock_held_error(self.holder, self.now_ms, self.waiters)
+            error = lock_delay_error(self.delay_until_ms, self.now_ms, self.waiters)
+        else:
+            error = lock_held_error(self.holder, self.now_ms, self.waiters)
+        if self.key is not None:
+            error.extra["key"] = self.key
+        return error
 
     @property
     def ends_in_ms(self) -> int | None:
@@ -126,6 +160,7 @@ def new_lease(key: str, request: AcquireRequest, now_ms: int, fencing_token: int
         on_expiry=request.on_expiry,
         key_id=request.key_id,
         lock_delay_ms=request.lock_delay_seconds * MS_PER_SECOND,
+        mode=request.mode,
     )
 
 
@@ -142,39 +177,120 @@ def delay_until_ms(lease: Lease, reason: EndReason, now_ms: int) -> int | None:
     return None  # the holder's own release: it knows its writes have landed
 
 
+@dataclass(frozen=True, slots=True)
+class LockState:
+    """What the store read about one lock for an acquire: its lease rows (live
+    or dead, not yet reaped), the live waiters ahead of the caller (all of them
+    for a fail-fast acquire) and how many of those are exclusive, and the end of
+    a recorded lock delay."""
+
+    leases: Sequence[Lease] = ()
+    waiters_ahead: int = 0
+    exclusive_ahead: int = 0
+    delayed_until_ms: int | None = None
+
+
+def _blocking(leases: Sequence[Lease], wanted: Mode) -> Lease | None:
+    """The live lease that keeps `wanted` out, if any: of several, the one
+    whose end frees the lock last (a `keep` lease before any other), so the
+    refusal's expiry and Retry-After say when the lock can free by itself."""
+    blockers = [lease for lease in leases if not compatible(wanted, lease.mode)]
+    if not blockers:
+        return None
+    return max(blockers, key=lambda b: (b.on_expiry is OnExpiry.KEEP, end_of_life_ms(b)))
+
+
+def judge_acquire(
+    key: str, state: LockState, request: AcquireRequest, now_ms: int
+) -> Lease | Busy | None:
+    """The caller's own live lease (a retried acquire), a refusal, or None: the
+    lock may be granted to the caller now.
+
+    One line across modes (SPEC §3.6): an exclusive acquire waits for every
+    waiter ahead; a shared one only for exclusive waiters ahead, so shared
+    waiters at the head are granted together and a writer in line is never
+    overtaken by readers that arrive after it (writers never starve)."""
+    live = [lease for lease in state.leases if is_live(lease, now_ms)]
+    for lease in live:
+        if lease.lock_token == request.lock_token:
+            return lease
+    blocker = _blocking(live, request.mode)
+    if blocker is not None:
+        return Busy(blocker, now_ms, state.waiters_ahead, key=key)
+    blocked_until = state.delayed_until_ms
+    for lease in state.leases:
+        if is_live(lease, now_ms):
+            continue
+        own = delay_until_ms(lease, EndReason.EXPIRED, now_ms)  # dead, not yet reaped
+        if own is not None and (blocked_until is None or own > blocked_until):
+            blocked_until = own
+    if blocked_until is not None and now_ms < blocked_until:
+        return Busy(None, now_ms, state.waiters_ahead, delay_until_ms=blocked_until, key=key)
+    ahead = state.waiters_ahead if request.mode is Mode.EXCLUSIVE else state.exclusive_ahead
+    if ahead > 0:
+        return Busy(None, now_ms, state.waiters_ahead, key=key)
+    return None
+
+
 def decide_acquire(
     key: str,
-    current: Lease | None,
+    current: Sequence[Lease],
     request: AcquireRequest,
     now_ms: int,
     *,
     waiters_ahead: int,
     next_fencing_token: Callable[[], int],
     delayed_until_ms: int | None = None,
+    exclusive_ahead: int | None = None,
 ) -> Granted | Busy:
     """Grant, repeat an existing grant, or refuse.
 
+    `current` are the lock's lease rows (live or dead, not yet reaped).
     `waiters_ahead` counts live waiters queued before this caller (all of them
-    for a fail-fast acquire): a free lock goes to the head of the line first.
+    for a fail-fast acquire), `exclusive_ahead` how many of them are exclusive
+    (all, when not given): a free lock goes to the head of the line first.
     `delayed_until_ms` is the end of a lock delay recorded for the lock; a dead
     lease still on record starts its own. `next_fencing_token` is only called
     when a new lease is granted, so the counter moves exactly when the lock
     changes hands.
     """
-    if current is not None and is_live(current, now_ms):
-        if current.lock_token == request.lock_token:
-            return Granted(current, created=False)
-        return Busy(current, now_ms, waiters_ahead)
-    blocked_until = delayed_until_ms
-    if current is not None:  # dead, not yet reaped: it expired
-        own = delay_until_ms(current, EndReason.EXPIRED, now_ms)
-        if own is not None and (blocked_until is None or own > blocked_until):
-            blocked_until = own
-    if blocked_until is not None and now_ms < blocked_until:
-        return Busy(None, now_ms, waiters_ahead, delay_until_ms=blocked_until)
-    if waiters_ahead > 0:
-        return Busy(None, now_ms, waiters_ahead)
+    state = LockState(
+        current, waiters_ahead,
+        waiters_ahead if exclusive_ahead is None else exclusive_ahead, delayed_until_ms,
+    )
+    verdict = judge_acquire(key, state, request, now_ms)
+    if isinstance(verdict, Busy):
+        return verdict
+    if verdict is not None:
+        return Granted(verdict, created=False)
     return Granted(new_lease(key, request, now_ms, next_fencing_token()), created=True)
+
+
+def decide_set(
+    keys: Sequence[str],
+    states: Mapping[str, LockState],
+    request: AcquireRequest,
+    now_ms: int,
+    next_fencing_token: Callable[[], int],
+) -> SetGranted | Busy:
+    """All or nothing (SPEC §3.7): the refusal of the first busy key in the
+    order given, or one lease per key. Every key is judged before any fencing
+    token is drawn, so a refused set moves no counter; new leases then take
+    their tokens in the order the keys were given. A key the caller's token
+    already holds keeps its lease (a retried acquire)."""
+    verdicts = [judge_acquire(key, states[key], request, now_ms) for key in keys]
+    for verdict in verdicts:
+        if isinstance(verdict, Busy):
+            return verdict
+    leases: list[Lease] = []
+    created = False
+    for key, verdict in zip(keys, verdicts, strict=True):
+        if isinstance(verdict, Lease):
+            leases.append(verdict)
+            continue
+        leases.append(new_lease(key, request, now_ms, next_fencing_token()))
+        created = True
+    return SetGranted(tuple(leases), created)
 
 
 def lock_held_error(holder: Lease | None, now_ms: int, waiters: int = 0) -> LockHeld:
@@ -275,20 +391,23 @@ class FenceVerdict:
 
 
 def judge_fence(
-    current: Lease | None, token: int, now_ms: int, ended: EndReason | None
+    leases: Sequence[Lease], token: int, now_ms: int, ended: EndReason | None
 ) -> FenceVerdict:
-    """Judge `token` against the lock's lease row (live or dead) and the recorded
-    end of the lease that had it, if any. A stale token's reason follows the
-    rule a late renewal is told (`lost_reason`): an expired lease whose lock is
-    held again by someone else was superseded."""
-    live = current if current is not None and is_live(current, now_ms) else None
-    live_token = None if live is None else live.fencing_token
-    if live is not None and live.fencing_token == token:
-        return FenceVerdict(token, True, live_token, None)
+    """Judge `token` against the lock's lease rows (live or dead) and the
+    recorded end of the lease that had it, if any. A stale token's reason
+    follows the rule a late renewal is told (`lost_reason`): an expired lease
+    whose lock is held again by someone else was superseded. `live_token` is
+    the token's own when current, else the newest live lease's (a shared lock
+    has several)."""
+    live = [lease for lease in leases if is_live(lease, now_ms)]
+    mine = next((lease for lease in leases if lease.fencing_token == token), None)
+    if mine is not None and is_live(mine, now_ms):
+        return FenceVerdict(token, True, token, None)
+    live_token = max((lease.fencing_token for lease in live), default=None)
     reason: str
-    if current is not None and current.fencing_token == token:
+    if mine is not None:
         reason = EndReason.EXPIRED.value  # still on record, but dead
-    elif ended is EndReason.EXPIRED and live is not None:
+    elif ended is EndReason.EXPIRED and live:
         reason = EndReason.SUPERSEDED.value
     elif ended is not None:
         reason = ended.value
@@ -303,3 +422,10 @@ def may_force_release(lease: Lease, key_id: str, is_admin: bool) -> bool:
     client that crashed and lost its lock token). A lease taken before keys
     were recorded has no owner but the admins."""
     return is_admin or (lease.key_id is not None and lease.key_id == key_id)
+
+
+def may_force_release_all(leases: Sequence[Lease], key_id: str, is_admin: bool) -> bool:
+    """A force release ends every live lease of the lock (SPEC §3.6), so a
+    member may do it only when its own key took each of them: one shared
+    reader must not be able to end the other readers' leases."""
+    return all(may_force_release(lease, key_id, is_admin) for lease in leases)

@@ -74,6 +74,10 @@ class Metrics:
         self.granted = Counter(
             "fencepost_leases_granted", "New lock leases and pool slots granted by this process.",
             ["kind"], registry=r)
+        self.lock_modes = Counter(
+            "fencepost_lock_leases_granted",
+            "New lock leases granted by this process, by mode (each shared lease and "
+            "each key of a lock set counts once).", ["mode"], registry=r)
         self.admissions = Counter(
             "fencepost_pool_admissions", "Slots granted by this process, per pool.",
             ["project", "pool"], registry=r)
@@ -149,6 +153,8 @@ class Metrics:
             self._child(self.waited, event.kind).observe(event.waited_s)
         elif isinstance(event, Granted):
             self._child(self.granted, event.kind).inc()
+            if event.mode is not None:
+                self._child(self.lock_modes, event.mode).inc()
             if event.kind == "slot":
                 self._child(self.admissions, event.project, event.name).inc()
         elif isinstance(event, Ended):

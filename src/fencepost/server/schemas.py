@@ -11,7 +11,13 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
-from fencepost.core.leases import LOCK_DELAY_MAX_SECONDS, TTL_MAX_SECONDS, TTL_MIN_SECONDS
+from fencepost.core.leases import (
+    LOCK_DELAY_MAX_SECONDS,
+    LOCK_SET_MAX_KEYS,
+    TTL_MAX_SECONDS,
+    TTL_MIN_SECONDS,
+)
+from fencepost.core.names import NAME_PATTERN
 
 TtlSeconds = Annotated[
     int,
@@ -39,18 +45,44 @@ class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     pass
 
 
+LockMode = Annotated[
+    Literal["exclusive", "shared"],
+    Meta(description="`exclusive` excludes every other lease; any number of `shared` "
+         "leases may be live together."),
+]
+LockDelaySeconds = Annotated[
+    int,
+    Meta(ge=0, le=LOCK_DELAY_MAX_SECONDS,
+         description="After this lease ends by expiry or force release (not by its "
+         "holder's release), nobody is granted the lock for this long."),
+]
+LockKey = Annotated[str, Meta(pattern=NAME_PATTERN, min_length=1, max_length=128)]
+
+
 class AcquireLockBody(Request):
     ttl_seconds: TtlSeconds
     wait_seconds: WaitSeconds = 0.0
     operation: Operation | None = None
     metadata: Metadata | None = None
     on_expiry: Literal["release", "keep"] = "release"
-    lock_delay_seconds: Annotated[
-        int,
-        Meta(ge=0, le=LOCK_DELAY_MAX_SECONDS,
-             description="After this lease ends by expiry or force release (not by its "
-             "holder's release), nobody is granted the lock for this long."),
-    ] = 0
+    lock_delay_seconds: LockDelaySeconds = 0
+    mode: LockMode = "exclusive"
+
+
+class AcquireLockSetBody(Request):
+    keys: Annotated[
+        list[LockKey],
+        Meta(min_length=1, max_length=LOCK_SET_MAX_KEYS,
+             description="The locks to take, all or none; distinct names.",
+             extra_json_schema={"uniqueItems": True}),
+    ]
+    ttl_seconds: TtlSeconds
+    wait_seconds: WaitSeconds = 0.0
+    operation: Operation | None = None
+    metadata: Metadata | None = None
+    on_expiry: Literal["release", "keep"] = "release"
+    lock_delay_seconds: LockDelaySeconds = 0
+    mode: LockMode = "exclusive"
 
 
 class RenewLockBody(Request):
@@ -65,6 +97,13 @@ class LeaseGrant(msgspec.Struct):
     deadline_at: At
     operation: str | None
     on_expiry: Literal["release", "keep"]
+
+
+class LockSetGrant(msgspec.Struct):
+    leases: Annotated[
+        list[LeaseGrant],
+        Meta(description="One lease per key, in the order asked, all under the one lock token."),
+    ]
 
 
 class LeaseRenewal(msgspec.Struct):
@@ -92,6 +131,14 @@ class LockState(msgspec.Struct):
     waiters: int
     holder: KeyHolder | None
     line: list[LineWaiter]
+    mode: Annotated[
+        Literal["exclusive", "shared"] | None, Meta(description="Null when not held.")
+    ]
+    holders: Annotated[
+        int,
+        Meta(description="How many leases are live (several for a shared lock, whose "
+             "oldest holder the other fields show)."),
+    ]
 
 
 class KeyHolder(msgspec.Struct):
@@ -123,6 +170,11 @@ class ForceReleasedLease(msgspec.Struct):
     fencing_token: int
     age_ms: int
     expires_in_ms: int
+    released_count: Annotated[
+        int,
+        Meta(description="How many live leases ended (several for a shared lock, whose "
+             "oldest lease the other fields describe)."),
+    ]
 
 
 class FenceCheck(msgspec.Struct):
@@ -144,6 +196,7 @@ class NothingToRelease(msgspec.Struct):
     released: Literal[False]
     key: str
     message: str
+    released_count: Literal[0]
 
 
 RoleName = Literal["admin", "member", "reader"]

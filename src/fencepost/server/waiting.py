@@ -67,10 +67,11 @@ class Outcome(Generic[T]):
 
 
 class Line(Protocol[T]):
-    """One line in the store, as a waiter needs it."""
+    """One line in the store, as a waiter needs it: for a lock set (SPEC §3.7)
+    one place in each of its keys' lines, all under one ticket."""
 
     @property
-    def place(self) -> Place: ...
+    def places(self) -> tuple[Place, ...]: ...
 
     async def try_once(self, wait: bool) -> Outcome[T]:
         """The first try; with `wait`, a refusal joins the line (a ticket)."""
@@ -124,19 +125,23 @@ class WaitRoom:
         """How many requests wait in this process now (the metrics)."""
         return sum(len(line) for line in self._lines.values())
 
-    def park(self, place: Place, ticket: int) -> _Parked:
+    def park(self, places: tuple[Place, ...], ticket: int) -> _Parked:
+        """Park one waiter in every line it stands in (a lock set stands in
+        several): an event on any of them wakes it."""
         parked = _Parked(ticket)
-        bisect.insort(self._lines.setdefault(place, []), parked)
+        for place in places:
+            bisect.insort(self._lines.setdefault(place, []), parked)
         return parked
 
-    def unpark(self, place: Place, parked: _Parked) -> None:
-        waiting = self._lines.get(place)
-        if waiting is None:
-            return
-        if parked in waiting:
-            waiting.remove(parked)
-        if not waiting:
-            del self._lines[place]
+    def unpark(self, places: tuple[Place, ...], parked: _Parked) -> None:
+        for place in places:
+            waiting = self._lines.get(place)
+            if waiting is None:
+                continue
+            if parked in waiting:
+                waiting.remove(parked)
+            if not waiting:
+                del self._lines[place]
 
     def shut(self) -> None:
         """Answer every parked request now (the server is stopping)."""
@@ -175,9 +180,12 @@ class WaitRoom:
                 except FencepostError as exc:  # tried again at the next sweep
                     _log.warning("refreshing parked waiters: %s", exc.message)
                 else:
-                    for place, line in due.items():
-                        if place not in busy:
-                            for parked in line:
+                    # A lock set's waiter stands in several lines: refreshed
+                    # only once none of them was skipped.
+                    skipped = {id(p) for place in busy for p in due.get(place, ())}
+                    for line in due.values():
+                        for parked in line:
+                            if id(parked) not in skipped:
                                 parked.refreshed = max(parked.refreshed, started)
             if loop.time() - woke >= SAFETY_WAKE_S:
                 woke = loop.time()
@@ -214,8 +222,8 @@ async def _wait(
     grant, the place in line is given up."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
-    place = line.place
-    parked = room.park(place, ticket)
+    places = line.places
+    parked = room.park(places, ticket)
     granted = False
     try:
         while True:
@@ -236,9 +244,9 @@ async def _wait(
                 assert outcome.refusal is not None
                 raise outcome.refusal
             if outcome.ticket != ticket:  # rejoined at the back after being dropped
-                room.unpark(place, parked)
+                room.unpark(places, parked)
                 ticket = outcome.ticket
-                parked = room.park(place, ticket)
+                parked = room.park(places, ticket)
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise line.timed_out(outcome)
@@ -251,7 +259,7 @@ async def _wait(
             if room.closing.is_set():
                 raise ShuttingDown()
     finally:
-        room.unpark(place, parked)
+        room.unpark(places, parked)
         if not granted:
             try:
                 await line.leave(ticket)

@@ -12,7 +12,14 @@ from typing import Callable, Protocol
 
 from fencepost.core.governor import GovernorState
 from fencepost.core.keys import Role
-from fencepost.core.leases import AcquireRequest, Busy, FenceVerdict, Granted, Lease
+from fencepost.core.leases import (
+    AcquireRequest,
+    Busy,
+    FenceVerdict,
+    Granted,
+    Lease,
+    SetGranted,
+)
 from fencepost.core.ratelimit_headers import RateLimitInfo
 from fencepost.core.slots import PoolConfig, Slot
 
@@ -51,6 +58,15 @@ class AcquireResult:
     ticket: int | None = None  # set when the caller was put in line to wait
 
 
+@dataclass(frozen=True, slots=True)
+class SetAttempt:
+    """A lock set's acquire (SPEC §3.7): every lease, or the first busy key's
+    refusal and, when the caller waits, its one ticket in every key's line."""
+
+    outcome: SetGranted | Busy
+    ticket: int | None = None
+
+
 # How many waiters a lock's view lists; `waiters` still counts them all.
 LINE_SHOWN = 100
 
@@ -76,11 +92,14 @@ class WaiterView:
 @dataclass(frozen=True, slots=True)
 class LockView:
     key: str
-    lease: Lease | None  # None: not held (never held, released, or dead)
+    # The live lease (of a shared lock, the oldest); None: not held (never
+    # held, released, or dead).
+    lease: Lease | None
     waiters: int
     now_ms: int
     holder: KeyRef | None = None  # the key that took the lease; None when not held
     line: tuple[WaiterView, ...] = ()  # the first LINE_SHOWN waiters, in order
+    holders: int = 0  # how many live leases the lock has (several when shared)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,8 +117,11 @@ class SlotHolderView:
 @dataclass(frozen=True, slots=True)
 class ForceReleased:
     key: str
-    lease: Lease | None  # the displaced lease, or None when nothing was held
+    # The displaced lease (of a shared lock, the oldest), or None when nothing
+    # was held.
+    lease: Lease | None
     now_ms: int
+    released_count: int = 0  # how many live leases ended (SPEC §3.6)
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,16 +300,36 @@ class Store(Protocol):
         otherwise keep it in line for `alive_ms` more. The result's ticket is the
         caller's (possibly new) ticket while it still waits."""
 
-    async def leave_line(self, project: str, key: str, ticket: int) -> None: ...
+    async def acquire_lock_set(
+        self, project: str, keys: list[str], request: AcquireRequest, *,
+        wait_alive_ms: int | None,
+    ) -> SetAttempt:
+        """All or nothing over distinct `keys` (SPEC §3.7), under one lock token.
+        When refused and `wait_alive_ms` is given, the caller takes one ticket
+        and a place in every key's line."""
+
+    async def retry_set_waiter(
+        self, project: str, keys: list[str], request: AcquireRequest, ticket: int,
+        alive_ms: int,
+    ) -> SetAttempt:
+        """Grant a waiting set when it is at the head of every key's line and
+        every key is free for it; otherwise keep its places for `alive_ms` more."""
+
+    async def leave_line(self, project: str, key: str, ticket: int) -> None:
+        """Give up the ticket's place in line (a lock set's, in every line)."""
 
     async def renew_lock(self, project: str, key: str, lock_token: str, ttl_seconds: int) -> Lease:
         """Raises LeaseLost or LeaseExpired."""
 
     async def release_lock(self, project: str, key: str, lock_token: str) -> bool: ...
 
+    async def leave_set_line(self, project: str, keys: list[str], ticket: int) -> None:
+        """Give up a lock set's places (one ticket) in the lines of all its keys."""
+
     async def force_release(self, project: str, key: str, by: ForceReleaser) -> ForceReleased:
-        """End the live lease (any, dead or alive, leaves no live lease behind).
-        Raises Forbidden, changing nothing, when `by` may not end the live one."""
+        """End every lease of the lock (dead or alive: no live lease is left
+        behind). Raises Forbidden, changing nothing, when `by` may not end
+        every live one."""
 
     async def get_lock(self, project: str, key: str) -> LockView: ...
 

@@ -28,6 +28,7 @@ from fencepost.store.base import (
     LockView,
     NewKey,
     PoolView,
+    SetAttempt,
     SlotAttempt,
     SlotHolderView,
     SlotReport,
@@ -224,9 +225,38 @@ class SqlStore:
             locks.key_of(project, key),
         )
 
+    async def acquire_lock_set(
+        self, project: str, keys: list[str], request: AcquireRequest, *,
+        wait_alive_ms: int | None,
+    ) -> SetAttempt:
+        place = None if wait_alive_ms is None else self._place(wait_alive_ms)
+        return await self._writer.run(
+            lambda tx: locks.acquire_set(tx, self._known, project, keys, request, place),
+            locks.keys_of(project, keys),
+        )
+
+    async def retry_set_waiter(
+        self, project: str, keys: list[str], request: AcquireRequest, ticket: int,
+        alive_ms: int,
+    ) -> SetAttempt:
+        place = self._place(alive_ms)
+        return await self._writer.run(
+            lambda tx: locks.retry_set_waiter(
+                tx, self._known, project, keys, request, ticket, place
+            ),
+            locks.keys_of(project, keys),
+        )
+
     async def leave_line(self, project: str, key: str, ticket: int) -> None:
+        # Tickets are unique across locks (a set's one ticket names its places
+        # in every line), so the ticket alone says which places to give up.
         await self._writer.run(
-            lambda tx: locks.leave_line(tx, project, key, ticket), locks.key_of(project, key)
+            lambda tx: locks.leave_line(tx, ticket), locks.key_of(project, key)
+        )
+
+    async def leave_set_line(self, project: str, keys: list[str], ticket: int) -> None:
+        await self._writer.run(
+            lambda tx: locks.leave_line(tx, ticket), locks.keys_of(project, keys)
         )
 
     async def renew_lock(self, project: str, key: str, lock_token: str, ttl_seconds: int) -> Lease:

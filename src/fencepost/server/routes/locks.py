@@ -1,14 +1,23 @@
-"""Lock routes (SPEC §3): acquire, renew, release, inspect, list, force release."""
+"""Lock routes (SPEC §3): acquire (one lock, or a lock set), renew, release,
+inspect, list, force release, fence check."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
 from fencepost.core import leases as rules
 from fencepost.core.keys import Role
-from fencepost.core.leases import AcquireRequest, Granted, Lease, OnExpiry
+from fencepost.core.leases import (
+    AcquireRequest,
+    Busy,
+    Granted,
+    Lease,
+    Mode,
+    OnExpiry,
+    SetGranted,
+)
 from fencepost.core.timefmt import format_at
 from fencepost.errors import FencepostError, LeaseExpired, LeaseLost
 from fencepost.events import Lost, current_origin
@@ -20,7 +29,9 @@ from fencepost.server.listing import list_query, no_query, page
 from fencepost.server.messages import Response
 from fencepost.server.validation import invalid_field
 from fencepost.server.waiting import WAITER_ALIVE_MS, Outcome, Place, wait_for_grant
-from fencepost.store.base import AcquireResult, ForceReleaser, KeyRef, LockView, Store
+from fencepost.store.base import ForceReleaser, KeyRef, LockView, Store
+
+G = TypeVar("G", Granted, SetGranted)
 
 
 def grant_body(lease: Lease) -> schemas.LeaseGrant:
@@ -55,7 +66,7 @@ def lock_state(view: LockView) -> schemas.LockState:
         return schemas.LockState(
             key=view.key, held=False, fencing_token=None, operation=None, acquired_at=None,
             expires_at=None, deadline_at=None, on_expiry=None, overdue=False, metadata=None,
-            waiters=view.waiters, holder=None, line=_line(view),
+            waiters=view.waiters, holder=None, line=_line(view), mode=None, holders=0,
         )
     return schemas.LockState(
         key=view.key,
@@ -71,6 +82,8 @@ def lock_state(view: LockView) -> schemas.LockState:
         waiters=view.waiters,
         holder=key_holder(view.holder or KeyRef(lease.key_id, None)),
         line=_line(view),
+        mode=lease.mode.value,
+        holders=view.holders,
     )
 
 
@@ -84,28 +97,63 @@ def _metadata_json(metadata: dict[str, Any] | None) -> str | None:
     return encoded.decode()
 
 
-async def acquire(call: Call[schemas.AcquireLockBody]) -> Response:
-    """PUT /v1/locks/{key}/lease: every request is written to the access log
-    (the app writes the line of one that fails)."""
-    caller, body, log = call.caller, call.body, call.acquire_log
-    wanted = AcquireRequest(
+def _wanted(
+    call: Call[schemas.AcquireLockBody] | Call[schemas.AcquireLockSetBody],
+) -> AcquireRequest:
+    body = call.body
+    call.acquire_log.waited = body.wait_seconds > 0
+    return AcquireRequest(
         lock_token=call.params["x-lock-token"],
         ttl_seconds=body.ttl_seconds,
         operation=body.operation,
         metadata_json=_metadata_json(body.metadata),
         on_expiry=OnExpiry(body.on_expiry),
-        key_id=caller.key_id,
+        key_id=call.caller.key_id,
         wait_ms=round(body.wait_seconds * 1000),
         lock_delay_seconds=body.lock_delay_seconds,
+        mode=Mode(body.mode),
     )
-    log.waited = body.wait_seconds > 0
+
+
+async def acquire(call: Call[schemas.AcquireLockBody]) -> Response:
+    """PUT /v1/locks/{key}/lease: every request is written to the access log
+    (the app writes the line of one that fails)."""
+    wanted = _wanted(call)
     svc = call.services
-    line = _LockLine(svc.store, caller.project, call.params["key"], wanted)
-    granted = await wait_for_grant(svc.waiters, line, body.wait_seconds, call.request.gone)
+    line = _LockLine(svc.store, call.caller.project, call.params["key"], wanted)
+    granted = await wait_for_grant(svc.waiters, line, call.body.wait_seconds, call.request.gone)
     status = 201 if granted.created else 200
-    log.write("granted" if granted.created else "existing", status,
-              fencing_token=granted.lease.fencing_token)
+    call.acquire_log.write("granted" if granted.created else "existing", status,
+                           fencing_token=granted.lease.fencing_token, mode=wanted.mode.value)
     return json_response(status, grant_body(granted.lease))
+
+
+async def acquire_set(call: Call[schemas.AcquireLockSetBody]) -> Response:
+    """POST /v1/lock-sets (SPEC §3.7): all the keys under one lock token, or
+    none. A waiting set parks on every key's line and wakes when any frees."""
+    keys = _distinct_keys(call.body.keys)
+    call.acquire_log.fields["lock"] = ",".join(keys)[:200]
+    wanted = _wanted(call)
+    svc = call.services
+    line = _LockSetLine(svc.store, call.caller.project, keys, wanted)
+    granted = await wait_for_grant(svc.waiters, line, call.body.wait_seconds, call.request.gone)
+    status = 201 if granted.created else 200
+    call.acquire_log.write(
+        "granted" if granted.created else "existing", status,
+        fencing_token=[lease.fencing_token for lease in granted.leases], mode=wanted.mode.value,
+    )
+    return json_response(
+        status, schemas.LockSetGrant(leases=[grant_body(lease) for lease in granted.leases])
+    )
+
+
+def _distinct_keys(keys: list[str]) -> list[str]:
+    seen: set[str] = set()
+    for key in keys:
+        if key in seen:
+            raise invalid_field("keys", f"must be distinct names ({key!r} is repeated)")
+        seen.add(key)
+    return keys
 
 
 class _LockLine:
@@ -118,17 +166,19 @@ class _LockLine:
         self._wanted = wanted
 
     @property
-    def place(self) -> Place:
-        return ("lock", self._project, self._key)
+    def places(self) -> tuple[Place, ...]:
+        return (("lock", self._project, self._key),)
 
     async def try_once(self, wait: bool) -> Outcome[Granted]:
         alive_ms = WAITER_ALIVE_MS if wait else None
-        return _outcome(await self._store.acquire_lock(
-            self._project, self._key, self._wanted, wait_alive_ms=alive_ms))
+        result = await self._store.acquire_lock(
+            self._project, self._key, self._wanted, wait_alive_ms=alive_ms)
+        return _outcome(result.outcome, result.ticket)
 
     async def retry(self, ticket: int) -> Outcome[Granted]:
-        return _outcome(await self._store.retry_waiter(
-            self._project, self._key, self._wanted, ticket, WAITER_ALIVE_MS))
+        result = await self._store.retry_waiter(
+            self._project, self._key, self._wanted, ticket, WAITER_ALIVE_MS)
+        return _outcome(result.outcome, result.ticket)
 
     async def leave(self, ticket: int) -> None:
         await self._store.leave_line(self._project, self._key, ticket)
@@ -142,14 +192,53 @@ class _LockLine:
         return last.refusal  # still held: the wait ends as lock_held
 
 
-def _outcome(result: AcquireResult) -> Outcome[Granted]:
-    if isinstance(result.outcome, Granted):
-        return Outcome(result.outcome)
+class _LockSetLine:
+    """A lock set's places, one in every key's line under one ticket (waiting.Line)."""
+
+    def __init__(
+        self, store: Store, project: str, keys: list[str], wanted: AcquireRequest
+    ) -> None:
+        self._store = store
+        self._project = project
+        self._keys = keys
+        self._wanted = wanted
+
+    @property
+    def places(self) -> tuple[Place, ...]:
+        return tuple(("lock", self._project, key) for key in self._keys)
+
+    async def try_once(self, wait: bool) -> Outcome[SetGranted]:
+        alive_ms = WAITER_ALIVE_MS if wait else None
+        result = await self._store.acquire_lock_set(
+            self._project, self._keys, self._wanted, wait_alive_ms=alive_ms)
+        return _outcome(result.outcome, result.ticket)
+
+    async def retry(self, ticket: int) -> Outcome[SetGranted]:
+        result = await self._store.retry_set_waiter(
+            self._project, self._keys, self._wanted, ticket, WAITER_ALIVE_MS)
+        return _outcome(result.outcome, result.ticket)
+
+    async def leave(self, ticket: int) -> None:
+        await self._store.leave_set_line(self._project, list(self._keys), ticket)
+
+    async def hand_back(self, granted: SetGranted) -> None:
+        if granted.created:
+            for key in self._keys:
+                await self._store.release_lock(self._project, key, self._wanted.lock_token)
+
+    def timed_out(self, last: Outcome[SetGranted]) -> FencepostError:
+        assert last.refusal is not None
+        return last.refusal  # a key still held: the wait ends as lock_held
+
+
+def _outcome(outcome: G | Busy, ticket: int | None) -> Outcome[G]:
+    if not isinstance(outcome, Busy):
+        return Outcome(outcome)
     # A lock delay ends by itself: a waiter re-checks then (a timer), besides
     # the wake-up the reaper sends when it clears the delay.
-    ends_in_ms = result.outcome.ends_in_ms
+    ends_in_ms = outcome.ends_in_ms
     recheck_s = None if ends_in_ms is None else max(ends_in_ms / 1000, 0.005)
-    return Outcome(None, result.ticket, result.outcome.to_error(), recheck_s)
+    return Outcome(None, ticket, outcome.to_error(), recheck_s)
 
 
 async def renew(call: Call[schemas.RenewLockBody]) -> Response:
@@ -223,12 +312,14 @@ async def force_release(call: Call[None]) -> Response:
         request_id=call.request_id,
         fencing_token=None if lease is None else lease.fencing_token,
         operation=None if lease is None else lease.operation,
+        released_count=result.released_count,
     )
     if lease is None:
         return json_response(
             200,
             schemas.NothingToRelease(
-                released=False, key=key, message="The lock was not held; nothing to release."
+                released=False, key=key, message="The lock was not held; nothing to release.",
+                released_count=0,
             ),
         )
     return json_response(
@@ -240,5 +331,6 @@ async def force_release(call: Call[None]) -> Response:
             fencing_token=lease.fencing_token,
             age_ms=result.now_ms - lease.acquired_ms,
             expires_in_ms=lease.expires_ms - result.now_ms,
+            released_count=result.released_count,
         ),
     )

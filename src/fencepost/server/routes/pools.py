@@ -234,8 +234,8 @@ class _SlotLine:
         self._wait_ms = wait_ms
 
     @property
-    def place(self) -> Place:
-        return ("pool", self._project, self._pool)
+    def places(self) -> tuple[Place, ...]:
+        return (("pool", self._project, self._pool),)
 
     async def try_once(self, wait: bool) -> Outcome[SlotAttempt]:
         alive_ms = WAITER_ALIVE_MS if wait else None

@@ -120,6 +120,18 @@ ROUTES: tuple[RouteSpec, ...] = (
         logged=AcquireLogged("lock.acquire", "lock", "key"),
     ),
     RouteSpec(
+        "POST", "/v1/lock-sets", locks.acquire_set, "acquireLockSet",
+        "Acquire several locks at once, all or none", Role.MEMBER, schemas.AcquireLockSetBody,
+        responses=((201, schemas.LockSetGrant, "Every key granted, under the one lock token."),
+                   (200, schemas.LockSetGrant,
+                    "This lock token already holds every key (a retried acquire): "
+                    "the leases are unchanged.")),
+        errors=(LockHeld, ShuttingDown),
+        params=(LOCK_TOKEN, REQUEST_ID),
+        # The keys are in the body: the handler names them in the line.
+        logged=AcquireLogged("lock_set.acquire", "lock", "keys"),
+    ),
+    RouteSpec(
         "PATCH", "/v1/locks/{key}/lease", locks.renew, "renewLease", "Renew a lease",
         Role.MEMBER, schemas.RenewLockBody,
         responses=((200, schemas.LeaseRenewal, "Lease renewed."),),

@@ -188,8 +188,18 @@ function changed(slot, data) {
 function mayForceRelease(lock) {
   const me = state.whoami;
   if (me.role === "admin") return true;
-  // SPEC: a member may force-release a lease its own key took.
-  return me.role === "member" && lock.holder && lock.holder.key_id === me.key_id;
+  // SPEC: a member may force-release a lease its own key took. A force release
+  // ends every lease of a shared lock, and the page sees only the oldest
+  // holder: offer it to a member only when that is the only holder.
+  return me.role === "member" && lock.holder && lock.holder.key_id === me.key_id &&
+    (lock.holders || 1) <= 1;
+}
+
+// The holder as the tables show it: a shared lock's oldest holder and how many
+// more hold it with it.
+function holderText(lock) {
+  const more = (lock.holders || 0) - 1;
+  return more > 0 ? `${keyName(lock.holder)} (shared, +${more})` : keyName(lock.holder);
 }
 
 async function loadLocks() {
@@ -215,7 +225,7 @@ function renderLocks(page) {
     }
     const row = el("tr", lock.overdue ? "overdue" : null,
       el("td", null, name),
-      el("td", null, keyName(lock.holder)),
+      el("td", null, holderText(lock)),
       el("td", "operation", text(lock.operation)),
       el("td", "number", text(lock.fencing_token)),
       clockCell("age", lock.acquired_at),
@@ -240,7 +250,9 @@ async function loadLock(key) {
   $("lock-detail-key").textContent = lock.key;
   facts($("lock-detail-facts"), [
     ["Held", lock.held ? "yes" : "no"],
-    ["Holder", keyName(lock.holder)],
+    ["Mode", lock.mode],
+    ["Holders", lock.holders],
+    ["Holder", holderText(lock)],
     ["Operation", lock.operation],
     ["Fencing token", lock.fencing_token],
     ["Acquired", lock.acquired_at ? `${lock.acquired_at} (${ageText(lock.acquired_at)} ago)` : null],
@@ -270,17 +282,21 @@ async function loadLock(key) {
 
 function confirmForceRelease(lock) {
   const token = lock.fencing_token;
+  const others = (lock.holders || 1) - 1;
+  const also = others > 0
+    ? ` So do the ${others} other shared lease(s) of this lock, each failing likewise.`
+    : "";
   confirmAction({
     title: `Force-release lock ${lock.key}?`,
     facts: [
       ["Lock", lock.key],
-      ["Holder", keyName(lock.holder)],
+      ["Holder", holderText(lock)],
       ["Operation", lock.operation],
       ["Fencing token", token],
     ],
     text: `The lease with fencing token ${token} on lock ${lock.key} ends now, whatever ` +
       `its holder (operation ${text(lock.operation)}) is doing: its next renewal fails with ` +
-      "lease_lost, and the next waiter may take the lock.",
+      "lease_lost, and the next waiter may take the lock." + also,
     action: `Force-release ${lock.key}`,
     run: async () => {
       const path = `v1/locks/${encodeURIComponent(lock.key)}`;
@@ -295,7 +311,8 @@ function confirmForceRelease(lock) {
       const result = await api("DELETE", path);
       showNotice(result.released
         ? `Released lock ${result.key} (operation ${text(result.operation)}, fencing token ` +
-          `${result.fencing_token}, held for ${duration(result.age_ms)}).`
+          `${result.fencing_token}, held for ${duration(result.age_ms)}` +
+          (result.released_count > 1 ? `; ${result.released_count} leases ended` : "") + ")."
         : result.message);
     },
   });

@@ -5,7 +5,8 @@ Only a hint: a write decided on a remembered lease is conditional on the row
 still being exactly that lease (its fencing token names the grant; a renewal
 changes only the expiry), and falls back to reading the row when it is not (the
 lease was renewed or ended by another replica, a batch was rolled back, the
-entry was evicted).
+entry was evicted). A lock may have several leases (shared locks, SPEC §3.6),
+so a lease is remembered by its lock token.
 """
 
 from __future__ import annotations
@@ -23,21 +24,21 @@ class KnownLeases:
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         self._capacity = capacity
-        self._leases: OrderedDict[tuple[str, str], Lease] = OrderedDict()
+        self._leases: OrderedDict[tuple[str, str, str], Lease] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, project: str, key: str) -> Lease | None:
+    def get(self, project: str, key: str, lock_token: str) -> Lease | None:
         with self._lock:
-            return self._leases.get((project, key))
+            return self._leases.get((project, key, lock_token))
 
     def put(self, project: str, lease: Lease) -> None:
-        where = (project, lease.key)
+        where = (project, lease.key, lease.lock_token)
         with self._lock:
             self._leases[where] = lease
             self._leases.move_to_end(where)
             if len(self._leases) > self._capacity:
                 self._leases.popitem(last=False)
 
-    def forget(self, project: str, key: str) -> None:
+    def forget(self, project: str, lease: Lease) -> None:
         with self._lock:
-            self._leases.pop((project, key), None)
+            self._leases.pop((project, lease.key, lease.lock_token), None)

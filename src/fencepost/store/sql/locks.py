@@ -7,7 +7,8 @@ it reads, claims each key before it writes (batch.py)."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, NamedTuple
+from functools import lru_cache
+from typing import Any, NamedTuple, Sequence
 
 from fencepost.core import leases as rules
 from fencepost.core.leases import (
@@ -17,7 +18,10 @@ from fencepost.core.leases import (
     FenceVerdict,
     Granted,
     Lease,
+    LockState,
+    Mode,
     OnExpiry,
+    SetGranted,
 )
 from fencepost.errors import Forbidden, LeaseExpired, LeaseLost
 from fencepost.events import Granted as LeaseGranted
@@ -28,6 +32,7 @@ from fencepost.store.base import (
     ForceReleaser,
     KeyRef,
     LockView,
+    SetAttempt,
     WaiterView,
     lock_freed,
 )
@@ -53,25 +58,17 @@ class _LeaseRow(NamedTuple):
     on_expiry: str
     key_id: str | None
     lock_delay_ms: int
+    mode: str
 
 
 _LEASE_COLUMNS = columns(_LeaseRow)
-# Where a row of lease columns continues (e.g. the waiter count that follows them).
+# Where a row of lease columns continues (e.g. the holder's name that follows them).
 _AFTER_LEASE = width(_LeaseRow)
-_WAITERS_AHEAD = (
-    "(SELECT COUNT(*) FROM lock_waiters w "
-    "WHERE w.project = ? AND w.key = ? AND w.ticket < ? AND w.alive_until_ms > ?)"
-)
-# The row if any (a LEFT JOIN from one row, so the count comes back without it).
-_LEASE_AND_LINE = (
-    f"SELECT {columns(_LeaseRow, 'l')}, {_WAITERS_AHEAD} "
-    "FROM (SELECT 1) AS one LEFT JOIN locks l ON l.project = ? AND l.key = ?"
-)
 _NO_TICKET = 2**62
 _WAITER_COLUMNS = "w.key_id, k.name, w.since_ms, w.gives_up_ms"
 _LEASE_VALUES = (
     "project, key, lock_token, fencing_token, acquired_ms, expires_ms, deadline_ms, dies_ms, "
-    "operation, metadata, on_expiry, key_id, lock_delay_ms"
+    "operation, metadata, on_expiry, key_id, lock_delay_ms, mode"
 )
 KIND = "lock"
 
@@ -81,41 +78,67 @@ def key_of(project: str, key: str) -> Keys:
     return (Key(KIND, project, key),)
 
 
-# Written only in the state the rules were asked about: no lease row (not even
-# a dead one), no live waiter and no lock delay running. Otherwise nothing is
-# written. The fencing token (4th) is a parameter, or drawn by the statement
-# itself (a sequence) and returned.
+def keys_of(project: str, keys: Sequence[str]) -> Keys:
+    """The keys an operation on a lock set touches: every lock of the set."""
+    return tuple(Key(KIND, project, key) for key in keys)
+
+
+def _lease_places(token_sql: str | None) -> str:
+    """The placeholders of a lease's values; the fencing token's (4th) is
+    `token_sql` when the statement draws the token itself (a sequence)."""
+    places = ["?"] * len(_LEASE_VALUES.split(", "))
+    if token_sql is not None:
+        places[3] = token_sql
+    return ", ".join(places)
+
+
+_FREE_LINE_AND_NO_DELAY = (
+    "NOT EXISTS (SELECT 1 FROM lock_waiters WHERE project = ? AND key = ? AND alive_until_ms > ?) "
+    "AND NOT EXISTS (SELECT 1 FROM lock_delays WHERE project = ? AND key = ? AND until_ms > ?)"
+)
+# The hot path: an exclusive lease is written only in the state the rules were
+# asked about: no lease row of the lock (not even a dead one), no live waiter
+# and no lock delay running. Otherwise nothing is written. The batch holds the
+# lock's key (BEGIN IMMEDIATE; its advisory lock on PostgreSQL), so the NOT
+# EXISTS tests and the insert are one atomic decision.
 _IF_FREE = (
-    "WHERE NOT EXISTS (SELECT 1 FROM lock_waiters "
-    "WHERE project = ? AND key = ? AND alive_until_ms > ?) "
-    "AND NOT EXISTS (SELECT 1 FROM lock_delays "
-    "WHERE project = ? AND key = ? AND until_ms > ?) "
-    "ON CONFLICT (project, key) DO NOTHING"
+    f"WHERE {_FREE_LINE_AND_NO_DELAY} "
+    "AND NOT EXISTS (SELECT 1 FROM locks WHERE project = ? AND key = ?) "
+    "ON CONFLICT (project, key, lock_token) DO NOTHING"
 )
-_INSERT_IF_FREE = (
-    f"INSERT INTO locks ({_LEASE_VALUES}) SELECT ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ? {_IF_FREE}"
+# A shared lease joins live shared ones (SPEC §3.6) under the same conditions,
+# except that only exclusive or dead rows (a dead one may start a lock delay)
+# send it to the general path.
+_IF_SHARABLE = (
+    f"WHERE {_FREE_LINE_AND_NO_DELAY} "
+    "AND NOT EXISTS (SELECT 1 FROM locks WHERE project = ? AND key = ? "
+    "AND (mode <> 'shared' OR dies_ms <= ?)) "
+    "ON CONFLICT (project, key, lock_token) DO NOTHING"
 )
 
 
-def _insert_if_free_drawing(token_sql: str) -> str:
+@lru_cache(maxsize=8)
+def _insert_if(condition: str, token_sql: str | None) -> str:
+    """The guarded insert of a lease; with `token_sql` it draws the fencing
+    token itself, only if it inserts, and returns it."""
+    returning = "" if token_sql is None else " RETURNING fencing_token"
     return (
-        f"INSERT INTO locks ({_LEASE_VALUES}) SELECT ?, ?, ?, {token_sql}, ?, ?, ?, ?, ?, ?, ?, "
-        f"?, ? {_IF_FREE} RETURNING fencing_token"
+        f"INSERT INTO locks ({_LEASE_VALUES}) SELECT {_lease_places(token_sql)} "
+        f"{condition}{returning}"
     )
-_DELAY_OF = "(SELECT d.until_ms FROM lock_delays d WHERE d.project = ? AND d.key = ?)"
-# The lease row, the waiters ahead and the lock delay in one statement.
-_LEASE_LINE_AND_DELAY = (
-    f"SELECT {columns(_LeaseRow, 'l')}, {_WAITERS_AHEAD}, "
-    f"{_DELAY_OF} FROM (SELECT 1) AS one LEFT JOIN locks l ON l.project = ? AND l.key = ?"
+_LEASES_OF = f"SELECT {_LEASE_COLUMNS} FROM locks WHERE project = ? AND key = ?"
+# The live waiters ahead of a ticket, how many of them are exclusive, and the
+# lock's recorded lock delay, in one statement (an aggregate: always one row).
+_LINE_AND_DELAY = (
+    "SELECT COUNT(*), COALESCE(SUM(CASE WHEN mode = 'exclusive' THEN 1 ELSE 0 END), 0), "
+    "(SELECT d.until_ms FROM lock_delays d WHERE d.project = ? AND d.key = ?) "
+    "FROM lock_waiters WHERE project = ? AND key = ? AND ticket < ? AND alive_until_ms > ?"
 )
 
 
 def _lease(row: Any) -> Lease:
     """The lease of a row that starts with the lease columns."""
-    return _lease_of(_LeaseRow._make(row[:_AFTER_LEASE]))
-
-
-def _lease_of(r: _LeaseRow) -> Lease:
+    r = _LeaseRow._make(row[:_AFTER_LEASE])
     return Lease(
         key=r.key,
         lock_token=r.lock_token,
@@ -128,55 +151,50 @@ def _lease_of(r: _LeaseRow) -> Lease:
         on_expiry=OnExpiry(r.on_expiry),
         key_id=r.key_id,
         lock_delay_ms=int(r.lock_delay_ms),
+        mode=Mode(r.mode),
     )
 
 
-def load_lease(tx: Tx, project: str, key: str) -> Lease | None:
-    row = tx.execute(
-        f"SELECT {_LEASE_COLUMNS} FROM locks WHERE project = ? AND key = ?", (project, key)
-    ).fetchone()
+def load_leases(tx: Tx, project: str, key: str) -> list[Lease]:
+    """Every lease row of the lock, live or dead (not yet reaped)."""
+    return [_lease(row) for row in tx.execute(_LEASES_OF, (project, key)).fetchall()]
+
+
+def load_lease(tx: Tx, project: str, key: str, lock_token: str) -> Lease | None:
+    row = tx.execute(_LEASES_OF + " AND lock_token = ?", (project, key, lock_token)).fetchone()
     return None if row is None else _lease(row)
 
 
-def load_line(
-    tx: Tx, project: str, key: str, before_ticket: int | None = None
-) -> tuple[Lease | None, int]:
-    """The lease row (live or dead) and how many live waiters are ahead of
-    `before_ticket` (all of them when None), in one statement."""
+def load_state(tx: Tx, project: str, key: str, before_ticket: int | None = None) -> LockState:
+    """What an acquire is decided on: the lease rows, the live waiters ahead of
+    `before_ticket` (all of them when None), and the recorded lock delay."""
     ahead = before_ticket if before_ticket is not None else _NO_TICKET
-    row = tx.execute(_LEASE_AND_LINE, (project, key, ahead, tx.now_ms, project, key)).fetchone()
-    (waiting,) = row[_AFTER_LEASE:]
-    return _lease_if_any(row), int(waiting)
-
-
-def _lease_if_any(row: Any) -> Lease | None:
-    """The lease of a LEFT JOINed row, None when there was no lease row."""
-    r = _LeaseRow._make(row[:_AFTER_LEASE])
-    return None if r.key is None else _lease_of(r)
-
-
-def load_line_and_delay(
-    tx: Tx, project: str, key: str, before_ticket: int | None = None
-) -> tuple[Lease | None, int, int | None]:
-    """`load_line`, and the end of the lock's recorded lock delay (or None)."""
-    ahead = before_ticket if before_ticket is not None else _NO_TICKET
-    row = tx.execute(
-        _LEASE_LINE_AND_DELAY, (project, key, ahead, tx.now_ms, project, key, project, key)
+    count, exclusive, delay = tx.execute(
+        _LINE_AND_DELAY, (project, key, project, key, ahead, tx.now_ms)
     ).fetchone()
-    waiting, delay_until_ms = row[_AFTER_LEASE:]
-    delay = None if delay_until_ms is None else int(delay_until_ms)
-    return _lease_if_any(row), int(waiting), delay
+    return LockState(
+        load_leases(tx, project, key), int(count), int(exclusive),
+        None if delay is None else int(delay),
+    )
+
+
+def live_of(leases: list[Lease], now_ms: int) -> list[Lease]:
+    """The live leases, oldest first (the oldest holder is the one shown)."""
+    live = [lease for lease in leases if rules.is_live(lease, now_ms)]
+    return sorted(live, key=lambda lease: (lease.acquired_ms, lease.fencing_token))
 
 
 def start_delay(tx: Tx, project: str, lease: Lease, reason: EndReason) -> None:
     """Record the lock delay `lease` asked for, if its ending starts one that
-    has not passed yet (SPEC §3.9)."""
+    has not passed yet (SPEC §3.9). Of several leases ending (a force release
+    of a shared lock), the longest delay holds."""
     until = rules.delay_until_ms(lease, reason, tx.now_ms)
     if until is None or until <= tx.now_ms:
         return
     tx.execute(
         "INSERT INTO lock_delays (project, key, until_ms) VALUES (?, ?, ?) "
-        "ON CONFLICT (project, key) DO UPDATE SET until_ms = excluded.until_ms",
+        "ON CONFLICT (project, key) DO UPDATE SET until_ms = excluded.until_ms "
+        "WHERE lock_delays.until_ms < excluded.until_ms",
         (project, lease.key, until),
     )
 
@@ -186,55 +204,81 @@ def _lease_values(project: str, lease: Lease) -> tuple[Any, ...]:
         project, lease.key, lease.lock_token, lease.fencing_token, lease.acquired_ms,
         lease.expires_ms, lease.deadline_ms, rules.end_of_life_ms(lease), lease.operation,
         lease.metadata_json, lease.on_expiry.value, lease.key_id, lease.lock_delay_ms,
+        lease.mode.value,
     )
 
 
-def join_line(tx: Tx, project: str, key: str, request: AcquireRequest, place: Place) -> int:
+def join_line(
+    tx: Tx, project: str, keys: Sequence[str], request: AcquireRequest, place: Place
+) -> int:
+    """Put the caller in the line of every key under one new ticket. Tickets
+    only grow (the counter is moved inside the serialised batch), so ticket
+    order is arrival order in every line at once: a set waits behind exactly
+    the sets and callers that came before it on any of its keys, and no two
+    waiters can each wait for the other (SPEC §3.7)."""
+    (drawn,) = tx.execute(
+        "UPDATE counters SET value = value + 1 WHERE name = 'lock_ticket' RETURNING value"
+    ).fetchone()
+    ticket = int(drawn)
     # since/gives_up are only shown (SPEC §3.4); a waiter that rejoins after
     # being dropped as dead shows its new place, measured from the rejoin.
-    (ticket,) = tx.execute(
-        "INSERT INTO lock_waiters (project, key, lock_token, alive_until_ms, replica, "
-        "key_id, since_ms, gives_up_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING ticket",
-        (project, key, request.lock_token, tx.now_ms + place.alive_ms, place.replica,
-         request.key_id, tx.now_ms, tx.now_ms + request.wait_ms),
-    ).fetchone()
-    return int(ticket)
+    for key in keys:
+        tx.execute(
+            "INSERT INTO lock_waiters (ticket, project, key, lock_token, alive_until_ms, "
+            "replica, key_id, since_ms, gives_up_ms, mode) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (ticket, project, key, request.lock_token, tx.now_ms + place.alive_ms,
+             place.replica, request.key_id, tx.now_ms, tx.now_ms + request.wait_ms,
+             request.mode.value),
+        )
+    return ticket
 
 
-def _decide_and_write(
+def _settle(
     tx: Tx,
     known: KnownLeases,
     project: str,
-    key: str,
+    keys: Sequence[str],
     request: AcquireRequest,
-    current: Lease | None,
-    waiters_ahead: int,
-    delayed_until_ms: int | None,
-) -> Granted | Busy:
-    outcome = rules.decide_acquire(
-        key,
-        current,
-        request,
-        tx.now_ms,
-        waiters_ahead=waiters_ahead,
-        next_fencing_token=lambda: fencing.take(tx),
-        delayed_until_ms=delayed_until_ms,
-    )
-    if isinstance(outcome, Granted) and outcome.created:
-        if current is not None:  # a dead lease not yet reaped is replaced
-            ended.remember(
-                tx, project, key, current.lock_token, current.fencing_token, EndReason.EXPIRED,
-                current.acquired_ms,
-            )
-        write_lease(tx, project, outcome.lease)
-        known.put(project, outcome.lease)
-        report_grant(tx, project, outcome.lease)
+    ticket: int | None,
+) -> SetGranted | Busy:
+    """Decide an acquire of `keys` (one key, or a lock set) for the caller
+    holding `ticket` (None: not in line) and write the new leases."""
+    states = {key: load_state(tx, project, key, ticket) for key in keys}
+    outcome = rules.decide_set(keys, states, request, tx.now_ms, lambda: fencing.take(tx))
+    if not isinstance(outcome, SetGranted):
+        return outcome
+    for lease in outcome.leases:
+        state = states[lease.key]
+        if lease in state.leases:
+            continue  # already held by this token: a retried acquire
+        for dead in state.leases:
+            # Dead leases not yet reaped end here, as the reaper would end them.
+            if not rules.is_live(dead, tx.now_ms):
+                known.forget(project, dead)
+                end_lease(tx, project, dead, EndReason.EXPIRED)
+        tx.execute(f"INSERT INTO locks ({_LEASE_VALUES}) VALUES ({_lease_places(None)})",
+                   _lease_values(project, lease))
+        known.put(project, lease)
+        report_grant(tx, project, lease)
+        if lease.mode is Mode.SHARED:
+            # The shared waiters at the head are granted together (SPEC §3.6):
+            # wake the next in line, which may be one of them.
+            tx.events.append(lock_freed(project, lease.key))
     return outcome
+
+
+def _single(outcome: SetGranted | Busy) -> Granted | Busy:
+    if isinstance(outcome, Busy):
+        return replace(outcome, key=None)  # the path names the key already
+    (lease,) = outcome.leases
+    return Granted(lease, outcome.created)
 
 
 def report_grant(tx: Tx, project: str, lease: Lease) -> None:
     """Every new lease is reported once, after the commit (metrics, event log)."""
-    tx.events.append(LeaseGranted("lock", project, lease.key, lease.fencing_token, tx.origin))
+    tx.events.append(LeaseGranted(
+        "lock", project, lease.key, lease.fencing_token, tx.origin, lease.mode.value
+    ))
 
 
 def acquire(
@@ -251,16 +295,18 @@ def acquire(
     general case."""
     token_sql = fencing.drawn_by_statement(tx)
     guess = rules.decide_acquire(
-        key, None, request, tx.now_ms, waiters_ahead=0,
+        key, (), request, tx.now_ms, waiters_ahead=0,
         next_fencing_token=(lambda: 0) if token_sql else (lambda: fencing.take(tx)),
     )
     assert isinstance(guess, Granted)
     values = _lease_values(project, guess.lease)
-    free = (project, key, tx.now_ms, project, key, tx.now_ms)
-    if token_sql is None:
-        sent = tx.execute(_INSERT_IF_FREE, (*values, *free))
-    else:  # the token is drawn by the insert, only if it inserts
-        sent = tx.execute(_insert_if_free_drawing(token_sql), (*values[:3], *values[4:], *free))
+    if token_sql is not None:  # the token is drawn by the insert, only if it inserts
+        values = (*values[:3], *values[4:])
+    free = (project, key, tx.now_ms, project, key, tx.now_ms, project, key)
+    if request.mode is Mode.SHARED:
+        sent = tx.execute(_insert_if(_IF_SHARABLE, token_sql), (*values, *free, tx.now_ms))
+    else:
+        sent = tx.execute(_insert_if(_IF_FREE, token_sql), (*values, *free))
 
     def answer() -> AcquireResult | Undecided:
         if token_sql is None:
@@ -278,13 +324,47 @@ def acquire(
         return UNDECIDED
 
     def otherwise() -> AcquireResult:
-        current, waiting, delayed = load_line_and_delay(tx, project, key)
-        outcome = _decide_and_write(tx, known, project, key, request, current, waiting, delayed)
-        if isinstance(outcome, Granted) or place is None:
-            return AcquireResult(outcome)
-        return AcquireResult(outcome, join_line(tx, project, key, request, place))
+        decided = _single(_settle(tx, known, project, [key], request, None))
+        if isinstance(decided, Granted) or place is None:
+            return AcquireResult(decided)
+        return AcquireResult(decided, join_line(tx, project, [key], request, place))
 
     return Step(answer, otherwise)
+
+
+def acquire_set(
+    tx: Tx,
+    known: KnownLeases,
+    project: str,
+    keys: Sequence[str],
+    request: AcquireRequest,
+    place: Place | None,
+) -> SetAttempt:
+    """All or nothing (SPEC §3.7); refused and `place` given: one ticket, a
+    place in every key's line."""
+    outcome = _settle(tx, known, project, keys, request, None)
+    if isinstance(outcome, SetGranted) or place is None:
+        return SetAttempt(outcome)
+    return SetAttempt(outcome, join_line(tx, project, keys, request, place))
+
+
+def _keep_place(
+    tx: Tx, project: str, keys: Sequence[str], request: AcquireRequest, ticket: int,
+    place: Place,
+) -> int:
+    """Refresh the caller's place in every line; the ticket it holds now."""
+    # Contract: only the live waiter with the smallest ticket may take a free
+    # lock, so waiters are granted in arrival order.
+    refreshed = tx.execute(
+        "UPDATE lock_waiters SET alive_until_ms = ? WHERE ticket = ?",
+        (tx.now_ms + place.alive_ms, ticket),
+    ).rowcount
+    if refreshed == len(keys):
+        return ticket
+    # Dropped as dead (e.g. a stalled loop), from some lines or all: rejoin
+    # every line at the back, under one new ticket.
+    tx.execute("DELETE FROM lock_waiters WHERE ticket = ?", (ticket,))
+    return join_line(tx, project, keys, request, place)
 
 
 def retry_waiter(
@@ -296,24 +376,40 @@ def retry_waiter(
     ticket: int,
     place: Place,
 ) -> AcquireResult:
-    # Contract: only the live waiter with the smallest ticket may take a free
-    # lock, so waiters are granted in arrival order.
-    refreshed = tx.execute(
-        "UPDATE lock_waiters SET alive_until_ms = ? WHERE ticket = ?",
-        (tx.now_ms + place.alive_ms, ticket),
-    ).rowcount
-    if not refreshed:  # dropped as dead (e.g. a stalled loop): rejoin at the back
-        ticket = join_line(tx, project, key, request, place)
-    current, ahead, delayed = load_line_and_delay(tx, project, key, before_ticket=ticket)
-    outcome = _decide_and_write(tx, known, project, key, request, current, ahead, delayed)
+    ticket = _keep_place(tx, project, [key], request, ticket, place)
+    outcome = _single(_settle(tx, known, project, [key], request, ticket))
     if isinstance(outcome, Granted):
         tx.execute("DELETE FROM lock_waiters WHERE ticket = ?", (ticket,))
         return AcquireResult(outcome)
     return AcquireResult(outcome, ticket)
 
 
-def leave_line(tx: Tx, project: str, key: str, ticket: int) -> None:
-    if tx.execute("DELETE FROM lock_waiters WHERE ticket = ?", (ticket,)).rowcount:
+def retry_set_waiter(
+    tx: Tx,
+    known: KnownLeases,
+    project: str,
+    keys: Sequence[str],
+    request: AcquireRequest,
+    ticket: int,
+    place: Place,
+) -> SetAttempt:
+    """A waiting set is granted when it is at the head of every key's line
+    (behind shared waiters only, for a shared set) and every key is free for
+    it, all in this one transaction."""
+    ticket = _keep_place(tx, project, keys, request, ticket, place)
+    outcome = _settle(tx, known, project, keys, request, ticket)
+    if isinstance(outcome, SetGranted):
+        tx.execute("DELETE FROM lock_waiters WHERE ticket = ?", (ticket,))
+        return SetAttempt(outcome)
+    return SetAttempt(outcome, ticket)
+
+
+def leave_line(tx: Tx, ticket: int) -> None:
+    """Give up the ticket's place in every line it holds (a set holds several)."""
+    left = tx.execute(
+        "DELETE FROM lock_waiters WHERE ticket = ? RETURNING project, key", (ticket,)
+    ).fetchall()
+    for project, key in left:
         tx.events.append(lock_freed(project, key))  # the next in line may go now
 
 
@@ -332,10 +428,24 @@ def _send_expiry(tx: Tx, project: str, before: Lease, after: Lease) -> Cursor:
     # judged (the fencing token names the grant; only renewals move the expiry).
     return tx.execute(
         "UPDATE locks SET expires_ms = ?, dies_ms = ? "
-        "WHERE project = ? AND key = ? AND fencing_token = ? AND expires_ms = ?",
+        "WHERE project = ? AND key = ? AND lock_token = ? AND fencing_token = ? "
+        "AND expires_ms = ?",
         (after.expires_ms, rules.end_of_life_ms(after), project, before.key,
-         before.fencing_token, before.expires_ms),
+         before.lock_token, before.fencing_token, before.expires_ms),
     )
+
+
+def _judged(leases: list[Lease], lock_token: str, now_ms: int) -> Lease | None:
+    """The lease the renewal and release rules judge a token against: the
+    token's own, or else the lock's newest live lease (a lock held by someone
+    else tells a late renewal it was superseded), or else any on record."""
+    for lease in leases:
+        if lease.lock_token == lock_token:
+            return lease
+    live = live_of(leases, now_ms)
+    if live:
+        return live[-1]
+    return leases[0] if leases else None
 
 
 def renew(
@@ -343,7 +453,7 @@ def renew(
 ) -> Step[Lease]:
     """A step operation: first a guarded update of the lease this writer last
     wrote, then, if that was stale, the row decides."""
-    remembered = known.get(project, key)
+    remembered = known.get(project, key, lock_token)
     sent: Cursor | None = None
     guess: Lease | None = None
     if remembered is not None:
@@ -361,7 +471,7 @@ def renew(
         return UNDECIDED
 
     def otherwise() -> Lease:
-        current = load_lease(tx, project, key)
+        current = _judged(load_leases(tx, project, key), lock_token, tx.now_ms)
         reason = None
         if current is None or current.lock_token != lock_token:
             reason = ended.reason(tx, project, key, lock_token)
@@ -377,7 +487,8 @@ def renew(
 def release(
     tx: Tx, known: KnownLeases, project: str, key: str, lock_token: str
 ) -> Step[bool]:
-    """A step operation decided by its first statement."""
+    """A step operation decided by its first statement: the token's own lease
+    ends, whatever other (shared) leases the lock has."""
     sent = tx.execute(
         f"DELETE FROM locks WHERE project = ? AND key = ? AND lock_token = ? "
         f"RETURNING {_LEASE_COLUMNS}",
@@ -388,9 +499,9 @@ def release(
         row = sent.fetchone()
         if row is None:
             return False
-        known.forget(project, key)
         # A dead lease not yet reaped ends here just as the reaper would end it.
         lease = _lease(row)
+        known.forget(project, lease)
         released = rules.holds(lease, lock_token, tx.now_ms)
         reason = EndReason.RELEASED if released else EndReason.EXPIRED
         ended.remember(
@@ -410,39 +521,42 @@ def _never() -> Any:
 def force_release(
     tx: Tx, known: KnownLeases, project: str, key: str, by: ForceReleaser
 ) -> ForceReleased:
-    """End the live lease if `by` may (else raise Forbidden, changing nothing)."""
-    current = load_lease(tx, project, key)
-    if current is None or not rules.is_live(current, tx.now_ms):
-        known.forget(project, key)
-        if current is not None:  # dead but not yet reaped
-            end_lease(tx, project, current, EndReason.EXPIRED)
-        return ForceReleased(key, None, tx.now_ms)
-    if not rules.may_force_release(current, by.key_id, by.is_admin):
+    """End every live lease of the lock if `by` may (else raise Forbidden,
+    changing nothing); dead ones on record end as expired."""
+    leases = load_leases(tx, project, key)
+    live = live_of(leases, tx.now_ms)
+    if live and not rules.may_force_release_all(live, by.key_id, by.is_admin):
         raise Forbidden(
-            "Only an admin or the API key that took this lease may force-release it."
+            "Only an admin or the API key that took every live lease of this lock "
+            "may force-release it."
         )
-    known.forget(project, key)
-    end_lease(tx, project, current, EndReason.FORCE_RELEASED)
-    return ForceReleased(key, current, tx.now_ms)
+    for lease in leases:
+        known.forget(project, lease)
+        alive = rules.is_live(lease, tx.now_ms)
+        end_lease(tx, project, lease, EndReason.FORCE_RELEASED if alive else EndReason.EXPIRED)
+    return ForceReleased(key, live[0] if live else None, tx.now_ms, len(live))
 
 
 def fence_check(tx: Tx, project: str, key: str, token: int) -> FenceVerdict:
-    """Whether `token` is the fencing token of the lock's live lease, and if
-    not, why (SPEC §3.8). A read: nothing is written."""
-    current = load_lease(tx, project, key)
-    if current is not None and current.fencing_token == token:
-        return rules.judge_fence(current, token, tx.now_ms, None)
+    """Whether `token` is the fencing token of a live lease of the lock, and
+    if not, why (SPEC §3.8). A read: nothing is written."""
+    leases = load_leases(tx, project, key)
+    if any(lease.fencing_token == token for lease in leases):
+        return rules.judge_fence(leases, token, tx.now_ms, None)
     reason = ended.reason_of_token(tx, project, key, token)
-    return rules.judge_fence(current, token, tx.now_ms, reason)
+    return rules.judge_fence(leases, token, tx.now_ms, reason)
 
 
 def view(tx: Tx, project: str, key: str) -> LockView:
-    lease, waiting = load_line(tx, project, key)
-    if lease is not None and not rules.is_live(lease, tx.now_ms):
-        lease = None
+    live = live_of(load_leases(tx, project, key), tx.now_ms)
+    (waiting,) = tx.execute(
+        "SELECT COUNT(*) FROM lock_waiters WHERE project = ? AND key = ? AND alive_until_ms > ?",
+        (project, key, tx.now_ms),
+    ).fetchone()
+    lease = live[0] if live else None
     holder = None if lease is None else holder_of(tx, lease)
     line = line_of(tx, project, key) if waiting else ()
-    return LockView(key, lease, waiting, tx.now_ms, holder, line)
+    return LockView(key, lease, int(waiting), tx.now_ms, holder, line, len(live))
 
 
 def holder_of(tx: Tx, lease: Lease) -> KeyRef:
@@ -493,42 +607,42 @@ def list_views(
 ) -> list[LockView]:
     # Range scan on the primary key: keys >= prefix and < prefix + U+10FFFF are
     # exactly the keys starting with prefix (names are ASCII; byte-order collation).
+    # First the page of held keys with their holder counts (a grouped scan of
+    # the key range, stopping at `limit` keys however many holders each has),
+    # then their leases, waiter counts and lines, each in one statement.
     low = max(prefix, after or "")
-    rows = tx.execute(
-        f"SELECT {columns(_LeaseRow, 'l')}, "
-        "(SELECT COUNT(*) FROM lock_waiters w "
-        "WHERE w.project = l.project AND w.key = l.key AND w.alive_until_ms > ?), k.name "
-        "FROM locks l LEFT JOIN api_keys k ON k.id = l.key_id WHERE l.project = ? "
-        "AND l.key >= ? AND l.key < ? AND l.key > ? AND l.dies_ms > ? ORDER BY l.key LIMIT ?",
-        (tx.now_ms, project, low, prefix + "\U0010ffff", after or "", tx.now_ms, limit),
+    counted = tx.execute(
+        "SELECT key, COUNT(*) FROM locks WHERE project = ? AND key >= ? AND key < ? "
+        "AND key > ? AND dies_ms > ? GROUP BY key ORDER BY key LIMIT ?",
+        (project, low, prefix + "\U0010ffff", after or "", tx.now_ms, limit),
     ).fetchall()
-    found = [(_lease(row), *row[_AFTER_LEASE:]) for row in rows]
-    waited = [lease.key for lease, waiting, _ in found if waiting]
-    lines = _lines_between(tx, project, waited[0], waited[-1]) if waited else {}
-    return [
-        LockView(
-            lease.key, lease, int(waiting), tx.now_ms, KeyRef(lease.key_id, holder_name),
-            tuple(lines.get(lease.key, ())),
-        )
-        for lease, waiting, holder_name in found
-    ]
-
-
-def write_lease(tx: Tx, project: str, lease: Lease) -> None:
-    tx.execute(
-        f"INSERT INTO locks ({_LEASE_VALUES}) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-        "ON CONFLICT (project, key) DO UPDATE SET lock_token = excluded.lock_token, "
-        "fencing_token = excluded.fencing_token, acquired_ms = excluded.acquired_ms, "
-        "expires_ms = excluded.expires_ms, deadline_ms = excluded.deadline_ms, "
-        "dies_ms = excluded.dies_ms, operation = excluded.operation, "
-        "metadata = excluded.metadata, on_expiry = excluded.on_expiry, "
-        "key_id = excluded.key_id, lock_delay_ms = excluded.lock_delay_ms",
-        _lease_values(project, lease),
-    )
-    # An older ended_leases row for this token (a token reused after its lease
-    # ended) needs no delete: it is read only while the token does not hold the
-    # lock, and is overwritten when this lease ends.
+    if not counted:
+        return []
+    first, last = counted[0][0], counted[-1][0]
+    oldest: dict[str, tuple[Lease, str | None]] = {}
+    for row in tx.execute(
+        f"SELECT {columns(_LeaseRow, 'l')}, k.name FROM locks l "
+        "LEFT JOIN api_keys k ON k.id = l.key_id WHERE l.project = ? AND l.key >= ? "
+        "AND l.key <= ? AND l.dies_ms > ? ORDER BY l.key, l.acquired_ms, l.fencing_token",
+        (project, first, last, tx.now_ms),
+    ).fetchall():
+        lease = _lease(row)
+        (holder_name,) = row[_AFTER_LEASE:]
+        oldest.setdefault(lease.key, (lease, holder_name))
+    waiting = dict(tx.execute(
+        "SELECT key, COUNT(*) FROM lock_waiters WHERE project = ? AND key >= ? AND key <= ? "
+        "AND alive_until_ms > ? GROUP BY key",
+        (project, first, last, tx.now_ms),
+    ).fetchall())
+    lines = _lines_between(tx, project, first, last) if waiting else {}
+    views = []
+    for key, holders in counted:
+        lease, name = oldest[key]
+        views.append(LockView(
+            key, lease, int(waiting.get(key, 0)), tx.now_ms, KeyRef(lease.key_id, name),
+            tuple(lines.get(key, ())), int(holders),
+        ))
+    return views
 
 
 def end_lease(tx: Tx, project: str, lease: Lease, reason: EndReason) -> None:
@@ -552,13 +666,13 @@ def reap(tx: Tx, known: KnownLeases, bound: int) -> tuple[int, bool]:
     Contract: deletes only leases that are dead now, of locks whose key it
     claimed; running it twice, or on two servers at once, frees nothing twice."""
     dead, more = delete_oldest_claimed(
-        tx, KIND, "locks", "project, key", "key", "dies_ms", tx.now_ms, bound,
+        tx, KIND, "locks", "project, key, lock_token", "key", "dies_ms", tx.now_ms, bound,
         f"{_LEASE_COLUMNS}, project",
     )
     for row in dead:
         lease = _lease(row)
         (project,) = row[_AFTER_LEASE:]
-        known.forget(project, lease.key)
+        known.forget(project, lease)
         ended.remember(
             tx, project, lease.key, lease.lock_token, lease.fencing_token, EndReason.EXPIRED,
             lease.acquired_ms,
@@ -572,8 +686,9 @@ def reap(tx: Tx, known: KnownLeases, bound: int) -> tuple[int, bool]:
     )
     for project, key in delays_over:
         tx.events.append(lock_freed(project, key))
+    # A lock set's places share a ticket: a waiter row is (ticket, key).
     gone, more_waiters = delete_oldest_claimed(
-        tx, KIND, "lock_waiters", "ticket", "key", "alive_until_ms", tx.now_ms, bound,
+        tx, KIND, "lock_waiters", "ticket, key", "key", "alive_until_ms", tx.now_ms, bound,
         "project, key",
     )
     for project, key in {(p, k) for p, k in gone}:
