@@ -237,3 +237,15 @@ async def test_request_quota_is_counted_in_the_store(store, clock):
     assert await store.admit_request("key_b", 2) is None  # per key
     clock.advance(30_000)
     assert await store.admit_request("key_a", 2) is None
+
+
+async def test_the_sweep_keeps_a_sets_place_only_in_the_lines_it_is_given(store, clock):
+    await grant(store, "a")
+    await grant(store, "b")
+    waiting = await store.acquire_lock_set(P, ["a", "b"], req(), wait_alive_ms=2_000)
+    assert waiting.ticket is not None
+    await store.keep_waiting({("lock", P, "a"): [waiting.ticket]}, 10_000)
+    clock.advance(3_000)
+    await store.reap()
+    assert (await store.get_lock(P, "a")).waiters == 1
+    assert (await store.get_lock(P, "b")).waiters == 0
