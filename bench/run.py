@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/run.py [--seconds 10] [--connections 64]
                                   [--only sqlite,postgresql,etcd,redis] [--workloads a,b,c,d,e,f]
-                                  [--replicas 1,2,3] [--results-dir bench/results]
+                                  [--workers 1,2,4] [--replicas 1,2,3]
+                                  [--results-dir bench/results]
 
 Starts each system itself on 127.0.0.1 (free ports, temp dirs; a fresh
 PostgreSQL database, dropped afterwards), runs the same workloads against each
@@ -55,10 +56,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replicas", default="",
                         help="also run (a) on this many PostgreSQL replicas of one database, "
                              "comma-separated (e.g. 1,2,3): the scaling table")
+    parser.add_argument("--workers", default="1",
+                        help="comma-separated worker counts: each fencepost store is measured "
+                             "with `serve --workers N` for each (default 1); more than one "
+                             "count adds a scaling table")
     parser.add_argument("--no-install", action="store_true",
                         help="never apt-get install a missing peer or tool")
     args = parser.parse_args(argv)
 
+    try:
+        workers = [int(n) for n in args.workers.split(",") if n.strip()]
+    except ValueError:
+        parser.error(f"--workers: {args.workers!r} is not a list of counts such as 1,2,4")
     sys.path.insert(0, str(HERE))
     from fpbench.runner import run_benchmark
 
@@ -70,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             warmup=args.warmup, python_seconds=args.python_seconds,
             results_dir=Path(args.results_dir), install=not args.no_install,
             pg_admin_url=args.pg_url, profile_fencepost=args.profile,
-            rounds=args.rounds,
+            rounds=args.rounds, workers=workers,
             replicas=[int(n) for n in args.replicas.split(",") if n.strip()],
         )
     except ValueError as exc:

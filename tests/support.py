@@ -236,6 +236,8 @@ class ServerProcess:
     store: str | None = None  # a PostgreSQL URL; the default is a SQLite file in workdir
     command_prefix: list[str] = field(default_factory=list)  # e.g. faketime
     extra_args: list[str] = field(default_factory=list)  # more `fencepost serve` options
+    workers: int = 1  # `--workers`: serving processes behind the port
+    _stderr_mark: int = 0  # where this life's standard error starts
 
     @property
     def db_path(self) -> Path:
@@ -282,6 +284,7 @@ class ServerProcess:
         that a wrapper in `command_prefix` that forks (`faketime` does) cannot
         leave the real server behind."""
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self._stderr_mark = self.stderr_path.stat().st_size if self.stderr_path.exists() else 0
         cmd = [
             *self.command_prefix,
             sys.executable, "-m", "fencepost", "serve",
@@ -289,6 +292,7 @@ class ServerProcess:
             "--host", "127.0.0.1",
             "--port", str(self.port),
             "--access-log", str(self.access_log),
+            *(["--workers", str(self.workers)] if self.workers != 1 else []),
             *self.extra_args,
         ]
         self.proc = subprocess.Popen(
@@ -316,12 +320,20 @@ class ServerProcess:
                     f"server exited with {self.proc.returncode}: {self.stderr_path.read_text()}"
                 )
             try:
-                if httpx.get(f"{self.base_url}/healthz", timeout=1).status_code == 200:
+                if httpx.get(f"{self.base_url}/healthz", timeout=1).status_code == 200 and (
+                    self.workers == 1 or self.announced()
+                ):  # one worker may answer before the others listen
                     return self
             except httpx.HTTPError:
                 pass
             time.sleep(0.05)
         raise RuntimeError(f"server did not become healthy: {self.stderr_path.read_text()}")
+
+    def announced(self) -> bool:
+        """Whether this life said "serving on" (with workers: all of them listen)."""
+        with open(self.stderr_path, "rb") as err:
+            err.seek(self._stderr_mark)
+            return b"serving on" in err.read()
 
     def kill9(self) -> None:
         assert self.proc is not None

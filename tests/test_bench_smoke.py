@@ -96,3 +96,23 @@ def test_parked_waiters_held_locks_and_replicas_workloads_run(
     targets = {t["target"] for t in run["targets"]}
     assert any(t.startswith("(e) fencepost-sqlite") for t in targets)
     assert any(t.startswith("(f) fencepost-sqlite") for t in targets)
+
+
+@pytest.mark.timeout(300)
+def test_one_second_per_worker_count_makes_a_scaling_table(tmp_path: Path) -> None:
+    _need_wrk()
+    run = run_benchmark(
+        seconds=1, only=["sqlite"], workloads=["b"], warmup=0, python_seconds=0,
+        results_dir=tmp_path, install=False, workers=[1, 2], say=lambda line: None,
+    )
+    rows = {row["system"]: row for row in run["results"]}
+    assert sorted(rows) == ["fencepost-sqlite", "fencepost-sqlite-w2"]
+    for row in rows.values():
+        assert row["status"] == "ok", row["reason"]
+        assert row["unexpected"] == 0 and row["socket_errors"] == 0, row["samples"]
+    # The workers' CPU is counted, not only their idle supervisor's.
+    one, two = (rows[name]["server_cpu_us_per_op"] for name in sorted(rows))
+    assert two > one / 3, (one, two)
+    latest = (tmp_path / "latest.md").read_text()
+    assert "Scaling with `serve --workers N` (this machine has" in latest
+    assert "| b | sqlite | 1 |" in latest and "| b | sqlite | 2 |" in latest

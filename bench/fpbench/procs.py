@@ -68,6 +68,19 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """cpu_seconds of `pid` and of its children (a supervisor's workers)."""
+    total = cpu_seconds(pid)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:  # fields[1] is field 4, the parent
+            total += cpu_seconds(int(stat.parent.name))
+    return total
+
+
 def tail(path: Path, chars: int = 1500) -> str:
     try:
         return path.read_text(errors="replace")[-chars:]

@@ -49,9 +49,21 @@ def latency_line(lat: dict[str, Any]) -> str:
             f"p99 {lat['p99_ms']:.2f} ms")
 
 
+def split_workers(system: str) -> tuple[str, int]:
+    """`fencepost-sqlite-w4` -> (`fencepost-sqlite`, 4); any other name -> (name, 1)."""
+    base, _, count = system.rpartition("-w")
+    if base in SYSTEM_ORDER and count.isdigit():
+        return base, int(count)
+    return system, 1
+
+
+def _order(system: str) -> tuple[int, int]:
+    base, workers = split_workers(system)
+    return ({name: i for i, name in enumerate(SYSTEM_ORDER)}.get(base, 99), workers)
+
+
 def _rows(run: dict[str, Any]) -> list[dict[str, Any]]:
-    order = {name: i for i, name in enumerate(SYSTEM_ORDER)}
-    return sorted(run["results"], key=lambda r: (r["workload"], order.get(r["system"], 99)))
+    return sorted(run["results"], key=lambda r: (r["workload"], *_order(r["system"])))
 
 
 def _baseline(run: dict[str, Any], workload: str) -> float | None:
@@ -152,6 +164,13 @@ def markdown(run: dict[str, Any]) -> str:
             else:
                 lines.append(f"| {lat['system']} | {lat['method']} | {lat['cycles_per_s']:.0f} "
                              f"| {lat['p50_ms']:.2f} | {lat['p99_ms']:.2f} |")
+    workers_table = scaling_table(run)
+    if workers_table:
+        m_cpus = run["machine"]["nproc"]
+        lines += ["", f"Scaling with `serve --workers N` (this machine has {m_cpus} cores, "
+                  "shared with the load generator: rows above that count show contention, "
+                  "not capacity; CPU per op is what each further core would have to pay):",
+                  "", *workers_table]
     if run.get("scaling"):
         from fpbench import scaling
 
@@ -180,38 +199,44 @@ def targets(rows: list[Any]) -> list[dict[str, Any]]:
     PostgreSQL >= 1.5x etcd; (a) with waiters parked (e) or many locks held (f)
     barely slower than (a) alone. Only targets whose rows were measured are listed."""
     found = []
+    names = sorted({_get(row, "system") for row in rows}, key=_order)
     for workload in ("a", "b"):
-        sqlite = _ok(rows, "fencepost-sqlite", workload)
-        pg = _ok(rows, "fencepost-postgresql", workload)
         etcd = _ok(rows, "etcd", workload)
         redis = _ok(rows, "redis", workload)
 
         def ops(row: Any) -> float:
             return float(_get(row, "ops_per_s"))
 
-        if sqlite and etcd:
-            ratio = ops(sqlite) / ops(etcd)
-            found.append({
-                "target": f"({workload}) fencepost-sqlite >= 3x etcd ops/s",
-                "measured": f"{ratio:.2f}x ({ops(sqlite):.0f} vs {ops(etcd):.0f})",
-                "met": ratio >= 3})
-            found.append({
-                "target": f"({workload}) fencepost-sqlite p99 <= etcd p99",
-                "measured": f"{_get(sqlite, 'p99_ms'):.2f} ms vs {_get(etcd, 'p99_ms'):.2f} ms",
-                "met": _get(sqlite, "p99_ms") <= _get(etcd, "p99_ms")})
-        if sqlite and redis:
-            ratio = ops(sqlite) / ops(redis)
-            found.append({
-                "target": f"({workload}) fencepost-sqlite >= 0.2x Redis ops/s",
-                "measured": f"{ratio:.2f}x ({ops(sqlite):.0f} vs {ops(redis):.0f})",
-                "met": ratio >= 0.2})
-        if pg and etcd:
-            ratio = ops(pg) / ops(etcd)
-            found.append({
-                "target": f"({workload}) fencepost-postgresql >= 1.5x etcd ops/s",
-                "measured": f"{ratio:.2f}x ({ops(pg):.0f} vs {ops(etcd):.0f})",
-                "met": ratio >= 1.5})
-    for system in ("fencepost-sqlite", "fencepost-postgresql"):
+        for name in names:  # each worker count of each store is its own candidate
+            store = split_workers(name)[0]
+            row = _ok(rows, name, workload)
+            if row is None or store not in ("fencepost-sqlite", "fencepost-postgresql"):
+                continue
+            if store == "fencepost-sqlite" and etcd:
+                ratio = ops(row) / ops(etcd)
+                found.append({
+                    "target": f"({workload}) {name} >= 3x etcd ops/s",
+                    "measured": f"{ratio:.2f}x ({ops(row):.0f} vs {ops(etcd):.0f})",
+                    "met": ratio >= 3})
+                found.append({
+                    "target": f"({workload}) {name} p99 <= etcd p99",
+                    "measured": f"{_get(row, 'p99_ms'):.2f} ms vs {_get(etcd, 'p99_ms'):.2f} ms",
+                    "met": _get(row, "p99_ms") <= _get(etcd, "p99_ms")})
+            if store == "fencepost-sqlite" and redis:
+                ratio = ops(row) / ops(redis)
+                found.append({
+                    "target": f"({workload}) {name} >= 0.2x Redis ops/s",
+                    "measured": f"{ratio:.2f}x ({ops(row):.0f} vs {ops(redis):.0f})",
+                    "met": ratio >= 0.2})
+            if store == "fencepost-postgresql" and etcd:
+                ratio = ops(row) / ops(etcd)
+                found.append({
+                    "target": f"({workload}) {name} >= 1.5x etcd ops/s",
+                    "measured": f"{ratio:.2f}x ({ops(row):.0f} vs {ops(etcd):.0f})",
+                    "met": ratio >= 1.5})
+    for system in names:
+        if split_workers(system)[0] not in ("fencepost-sqlite", "fencepost-postgresql"):
+            continue
         alone = _ok(rows, system, "a")
         parked = _ok(rows, system, "e")
         held = _ok(rows, system, "f")
@@ -236,6 +261,32 @@ def targets(rows: list[Any]) -> list[dict[str, Any]]:
                             f"{_get(alone, 'ops_per_s'):.0f})",
                 "met": drop < 0.1})
     return found
+
+
+def scaling_table(run: dict[str, Any]) -> list[str]:
+    """Markdown lines: each store and workload by worker count, with CPU per
+    op, so that a reader can see what more cores would give. Empty when only
+    one count was measured."""
+    if len(run.get("workers") or [1]) < 2:
+        return []
+    out = ["| workload | store | workers | ops/s | vs 1 worker | p50 ms | p99 ms "
+           "| server CPU µs/op | cores busy |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    single: dict[tuple[str, str], float] = {}
+    for row in _rows(run):
+        store, workers = split_workers(row["system"])
+        if not store.startswith("fencepost-") or row["status"] != "ok":
+            continue
+        if workers == 1:
+            single[(row["workload"], store)] = row["ops_per_s"]
+        base = single.get((row["workload"], store))
+        # CPU per op times ops per second: how many cores the server kept busy.
+        cores = row["server_cpu_us_per_op"] * row["ops_per_s"] / 1e6
+        ratio = f"{row['ops_per_s'] / base:.2f}x" if base else "-"
+        out.append(f"| {row['workload']} | {store.removeprefix('fencepost-')} | {workers} "
+                   f"| {row['ops_per_s']:.0f} | {ratio} "
+                   f"| {row['p50_ms']:.2f} | {row['p99_ms']:.2f} "
+                   f"| {row['server_cpu_us_per_op']:.0f} | {cores:.2f} |")
+    return out
 
 
 def write(run: dict[str, Any], results_dir: Path, started: dt.datetime) -> list[Path]:

@@ -242,13 +242,15 @@ def run_benchmark(
     profile_fencepost: bool = False,
     rounds: int = 1,
     replicas: list[int] | None = None,
+    workers: list[int] | None = None,
     say: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Run the benchmark, write results/<timestamp>.{json,md} and latest.md; return the run.
 
     With rounds > 1 every system is measured that many times, round after round
     (so slow drifts in the machine's other load hit every system alike), and
-    each cell reports the round with the median ops/s.
+    each cell reports the round with the median ops/s. Each fencepost store
+    is measured once per count in `workers` (`serve --workers N`; default 1).
     """
     names = resolve_systems(only)
     chosen = [w for w in (workloads or list(WORKLOADS)) if w in WORKLOADS]
@@ -256,6 +258,8 @@ def run_benchmark(
         raise ValueError(f"no known workload in {workloads}; choose from {', '.join(WORKLOADS)}")
     if seconds < 1 or rounds < 1:
         raise ValueError("--seconds and --rounds must be at least 1 (wrk counts whole seconds)")
+    if workers is not None and (not workers or min(workers) < 1):
+        raise ValueError("--workers takes counts of at least 1, e.g. 1,2,4")
     started = dt.datetime.now(dt.UTC)
     profile_dir = None
     if profile_fencepost:
@@ -277,7 +281,7 @@ def run_benchmark(
             say(f"##### round {round_no} of {rounds}")
         rows: list[Row] = []
         latencies: list[dict[str, Any]] = []
-        for system in make_systems(names, pg_admin_url, install):
+        for system in make_systems(names, pg_admin_url, install, workers):
             if wrk_missing and system.protocol == "http":
                 rows += [Row(system.name, w, "skipped", "wrk not installed (apt-get install wrk)")
                          for w in chosen]
@@ -308,6 +312,7 @@ def run_benchmark(
         "seconds": seconds, "connections": connections, "warmup_seconds": warmup,
         "rounds": rounds, "profiled": profile_dir is not None,
         "systems": names, "workloads": {w: WORKLOADS[w] for w in chosen},
+        "workers": workers or [1],
         "baseline": BASELINE, "machine": info, "notes": notes,
         "results": [{**asdict(r), "grant_share": r.grant_share} for r in rows],
         "python_latency": _median_latencies(latency_rounds),

@@ -61,7 +61,7 @@ def _replica_of(server: Fencepost, workdir: Path) -> Iterator[Fencepost]:
          "--access-log", str(workdir / "access.log")],
         workdir / "server.log", env={"FENCEPOST_BOOTSTRAP_KEY": BENCH_KEY}, cwd=workdir)
     try:
-        server._wait_healthy()
+        server._wait_healthy(workdir / "server.log")
         yield server
     finally:
         procs.stop(server.proc)

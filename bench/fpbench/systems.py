@@ -11,6 +11,7 @@ import contextlib
 import json
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -90,6 +91,7 @@ class Fencepost(System):
     """`fencepost serve` on SQLite (a file in the temp dir) or on a fresh PostgreSQL database."""
 
     store: str = "sqlite"  # or "postgresql"
+    workers: int = 1  # `serve --workers`
     pg_admin_url: str = DEFAULT_PG_ADMIN_URL
     db_name: str = ""
     store_url: str = ""
@@ -107,12 +109,12 @@ class Fencepost(System):
             self.proc = procs.start(
                 [python, "-m", "fencepost", "serve", "--store", self.store_url,
                  "--host", "127.0.0.1", "--port", str(self.port),
-                 "--access-log", str(workdir / "access.log"),
+                 "--access-log", str(workdir / "access.log"), "--workers", str(self.workers),
                  # Workload (e) parks 10,000 waiting connections.
                  "--max-connections", "12000"],
                 workdir / "server.log", env={"FENCEPOST_BOOTSTRAP_KEY": BENCH_KEY}, cwd=workdir)
             try:
-                self._wait_healthy()
+                self._wait_healthy(workdir / "server.log")
                 yield self
             finally:
                 procs.stop(self.proc)
@@ -120,10 +122,16 @@ class Fencepost(System):
             if self.store == "postgresql":
                 self._drop_database()
 
-    def _wait_healthy(self) -> None:
+    def _wait_healthy(self, log: Path) -> None:
         assert self.proc is not None
         try:
             procs.wait_port(self.port, self.proc, timeout=30)
+            # With workers, one may listen before the others: "serving on" says all do.
+            deadline = time.monotonic() + 30
+            while b"serving on" not in log.read_bytes():
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError(f"no 'serving on' line: {procs.tail(log)}")
+                time.sleep(0.05)
             status, _ = http_json("GET", f"{self.base_url}/healthz")
         except (RuntimeError, OSError) as exc:
             raise RuntimeError(f"fencepost did not start: {exc}") from exc
@@ -158,7 +166,7 @@ class Fencepost(System):
             self.db_name = ""
 
     def cpu_seconds(self) -> float:
-        total = super().cpu_seconds()
+        total = procs.tree_cpu_seconds(self.proc.pid) if self.proc else 0.0
         if self.store == "postgresql" and self.db_name:
             # The store's work happens in the PostgreSQL backends serving this database.
             with self._admin() as admin:
@@ -294,13 +302,22 @@ class Redis(System):
             procs.stop(self.proc)
 
 
-def make_systems(names: list[str], pg_admin_url: str, install: bool) -> list[System]:
+def fencepost_name(store: str, workers: int) -> str:
+    """`fencepost-sqlite`, or with several workers `fencepost-sqlite-w4`."""
+    return f"fencepost-{store}" + (f"-w{workers}" if workers > 1 else "")
+
+
+def make_systems(names: list[str], pg_admin_url: str, install: bool,
+                 workers: list[int] | None = None) -> list[System]:
+    """The systems to measure; fencepost once per count in `workers` (default [1])."""
     made: list[System] = []
     for name in names:
         if name == "fencepost-sqlite":
-            made.append(Fencepost(name, store="sqlite"))
+            made += [Fencepost(fencepost_name("sqlite", n), store="sqlite", workers=n)
+                     for n in workers or [1]]
         elif name == "fencepost-postgresql":
-            made.append(Fencepost(name, store="postgresql", pg_admin_url=pg_admin_url))
+            made += [Fencepost(fencepost_name("postgresql", n), store="postgresql", workers=n,
+                               pg_admin_url=pg_admin_url) for n in workers or [1]]
         elif name == "etcd":
             made.append(Etcd(name, install=install))
         elif name == "redis":

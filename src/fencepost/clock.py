@@ -31,9 +31,17 @@ class SteadyClock:
 
     __slots__ = ("_anchor_ms", "_anchor_ns")
 
-    def __init__(self) -> None:
-        self._anchor_ms = wall_clock_ms()
-        self._anchor_ns = steady_ns()
+    def __init__(self, anchor: tuple[int, int] | None = None) -> None:
+        # `anchor` (epoch ms, steady ns) makes this clock another's twin: the
+        # worker processes of one server share their supervisor's, so that
+        # they agree on every instant even if the wall clock stepped between
+        # their starts (the steady clock is one per machine).
+        self._anchor_ms, self._anchor_ns = anchor or (wall_clock_ms(), steady_ns())
+
+    @property
+    def anchor(self) -> tuple[int, int]:
+        """What makes a twin of this clock (see __init__)."""
+        return (self._anchor_ms, self._anchor_ns)
 
     def __call__(self) -> int:
         return self._anchor_ms + (steady_ns() - self._anchor_ns) // 1_000_000

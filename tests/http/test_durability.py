@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from lock_support import release, renew
 from support import ServerProcess, assert_error, lock_headers, new_token, unique_name, wait_for
+
+
+@pytest.fixture(params=[1, 2], ids=["one-process", "two-workers"])
+def crashable(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ServerProcess]:
+    """A server of the test's own, alone or as `--workers 2` (SPEC §7.2 and
+    §7.3 hold whichever process of several answered)."""
+    proc = ServerProcess(tmp_path / "server", workers=request.param).start()
+    yield proc
+    proc.stop()
 
 
 def acquire(c: httpx.Client, key: str, token: str, ttl: int = 600, **body: Any) -> httpx.Response:
@@ -18,9 +30,9 @@ def acquire(c: httpx.Client, key: str, token: str, ttl: int = 600, **body: Any) 
 
 
 def test_acknowledged_grants_renewals_and_releases_survive_kill9(
-    fresh_server: ServerProcess,
+    crashable: ServerProcess,
 ) -> None:
-    srv = fresh_server
+    srv = crashable
     issued: list[int] = []
     held: dict[str, tuple[str, dict[str, Any]]] = {}
     with srv.client() as c:
@@ -105,9 +117,9 @@ class Burst:
 
 
 def test_everything_acknowledged_during_a_burst_survives_kill9(
-    fresh_server: ServerProcess,
+    crashable: ServerProcess,
 ) -> None:
-    srv = fresh_server
+    srv = crashable
     burst = Burst()
     stop = threading.Event()
 
@@ -180,8 +192,8 @@ def test_everything_acknowledged_during_a_burst_survives_kill9(
         assert after == sorted(after) and len(set(after)) == 3
 
 
-def test_fencing_keeps_rising_across_repeated_crashes(fresh_server: ServerProcess) -> None:
-    srv = fresh_server
+def test_fencing_keeps_rising_across_repeated_crashes(crashable: ServerProcess) -> None:
+    srv = crashable
     last = 0
     key = unique_name("crashy")
     for _ in range(3):

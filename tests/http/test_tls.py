@@ -95,6 +95,19 @@ def test_a_client_without_the_ca_refuses_the_server(
     assert "CERTIFICATE_VERIFY_FAILED" in str(caught.value) or "certificate" in str(caught.value)
 
 
+async def test_the_async_client_without_the_ca_refuses_the_server_before_sending(
+    tls_server: tuple[ServerProcess, Path], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server, _ = tls_server
+    monkeypatch.delenv("FENCEPOST_CA_BUNDLE", raising=False)
+    async with fencepost.AsyncClient(https_url(server), server.admin_key,
+                                     retries=fencepost.Retries(attempts=1)) as client:
+        with pytest.raises(TransportError) as caught:
+            await client.whoami()
+    assert "CERTIFICATE_VERIFY_FAILED" in str(caught.value)
+    assert caught.value.maybe_sent is False  # the handshake failed: no request went out
+
+
 def test_the_cli_trusts_the_bundle_from_the_environment(
     tls_server: tuple[ServerProcess, Path],
 ) -> None:

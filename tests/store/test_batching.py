@@ -218,8 +218,6 @@ async def test_an_expired_slot_released_late_counts_as_reclaimed(store, clock):
 
 
 async def test_other_replicas_hear_of_freed_locks_with_awkward_names(store, clock):
-    if store.url_scheme != "postgresql":
-        pytest.skip("replicas share a store only on PostgreSQL")
     other = reopen(store, clock)
     heard: list[Freed] = []
     other.add_freed_listener(heard.append)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -46,6 +47,26 @@ def _save_secret(path: Path, secret: str) -> None:
     os.chmod(path, 0o600)  # also when the file already existed with wider modes
 
 
+class WorkerCount(click.ParamType[int]):
+    """1..256, or `cores`: as many as the cores this process may run on."""
+
+    name = "N|cores"
+    _MAX = 256
+
+    def convert(self, value: object, param: click.Parameter | None,
+                ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().lower()
+        if text == "cores":
+            return max(1, min(self._MAX, len(os.sched_getaffinity(0))
+                              if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+        if text.isdigit() and 1 <= int(text) <= self._MAX:
+            return int(text)
+        self.fail(f"{value!r} is not a number of workers (1..{self._MAX}) or 'cores'.",
+                  param, ctx)
+
+
 @click.command()
 @click.option("--store", envvar="FENCEPOST_STORE", default=DEFAULT_STORE, show_default=True,
               help="sqlite:///relative.db, sqlite:////absolute.db or "
@@ -78,18 +99,22 @@ def _save_secret(path: Path, secret: str) -> None:
               show_default=True, type=click.FloatRange(0, 3600),
               help="On SIGTERM, keep serving this long with /readyz at 503 before the "
                    "listener closes, so that load balancers stop sending work first.")
+@click.option("--workers", envvar="FENCEPOST_WORKERS", default="1", show_default=True,
+              type=WorkerCount(),
+              help="Serving processes sharing the port, each using one core; 'cores' for "
+                   "one per core this process may use. See the operations guide.")
 def serve(
     store: str, store_readers: int, host: str, port: int, access_log: str | None,
     trusted_proxies: str, max_connections: int | None, tls_cert: str | None,
     tls_key: str | None, drain_seconds: float, event_log: str | None,
-    metrics_key: str | None,
+    metrics_key: str | None, workers: int,
 ) -> None:
     """Run the lock service."""
     configure_logging()
-    from fencepost.server.app import AppConfig, create_app
+    from fencepost.server.launch import ServeOptions, launch
     from fencepost.server.proxies import TrustedProxies
-    from fencepost.server.runner import serve as run_server
     from fencepost.server.runner import tls_context
+    from fencepost.server.workers import supervise
 
     bootstrap_key = os.environ.get("FENCEPOST_BOOTSTRAP_KEY") or None
     if bootstrap_key is not None and len(bootstrap_key) < MIN_BOOTSTRAP_SECRET_LENGTH:
@@ -102,6 +127,8 @@ def serve(
         tls = tls_context(tls_cert, tls_key) if tls_cert and tls_key else None
     except ValueError as exc:
         raise click.UsageError(f"TLS: {exc}") from None
+    if workers > 1 and not hasattr(socket, "SO_REUSEPORT"):
+        raise click.UsageError("--workers above 1 needs SO_REUSEPORT, which this system lacks.")
     for option, target in (("--access-log", access_log), ("--event-log", event_log)):
         _check_log_target(option, target)
     proxies = [p.strip() for p in trusted_proxies.split(",") if p.strip()]
@@ -110,7 +137,7 @@ def serve(
     except ValueError as exc:
         raise click.UsageError(f"--trusted-proxies: {exc}") from None
     try:
-        backend = make_store(store, readers=store_readers)
+        make_store(store)  # the URL's form, checked before anything starts
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     key_file = _bootstrap_file(store)
@@ -133,16 +160,22 @@ def serve(
 
     scheme = "https" if tls is not None else "http"
 
-    def ready(bound_port: int) -> None:
-        _log.info("serving on %s://%s:%s with %s", scheme, host, bound_port, redacted(store))
+    processes = f" ({workers} workers)" if workers > 1 else ""
 
-    app = create_app(
-        backend,
-        AppConfig(access_log=access_log, event_log=event_log, metrics_key=metrics_key or None,
-                  bootstrap_key=bootstrap_key, on_bootstrap=announce),
+    def ready(bound_port: int) -> None:
+        _log.info("serving on %s://%s:%s with %s%s", scheme, host, bound_port, redacted(store),
+                  processes)
+
+    options = ServeOptions(
+        store=store, store_readers=store_readers, host=host, port=port, access_log=access_log,
+        event_log=event_log, metrics_key=metrics_key or None, bootstrap_key=bootstrap_key,
+        trusted_proxies=proxies, max_connections=max_connections, tls_cert=tls_cert,
+        tls_key=tls_key, drain_seconds=drain_seconds,
     )
-    run_server(app, host, port, proxies, max_connections, tls, on_ready=ready,
-               drain_seconds=drain_seconds)
+    if workers == 1:
+        launch(options, on_ready=ready, on_bootstrap=announce)
+    else:
+        supervise(options, workers, on_ready=ready, on_bootstrap=announce)
 
 
 @click.group()

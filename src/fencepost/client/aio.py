@@ -31,8 +31,7 @@ from fencepost.client.transport import (
     MAX_IN_FLIGHT,
     OnRenewed,
     Settings,
-    reply_of,
-    transport_error,
+    async_edge,
     waited_too_long,
 )
 from fencepost.client.turns import Turns, turn_limit
@@ -74,10 +73,13 @@ class AsyncClient(CurrentKey, Methods, AsyncRunner):
     `url` and `api_key` default to `FENCEPOST_URL` / `FENCEPOST_API_KEY` (and the
     URL to `http://127.0.0.1:7440`). `timeout` is the per-request read timeout in
     seconds (a waiting acquire adds its wait). `retries` sets how transport
-    failures, 5xx and quota refusals are retried. `transport` is passed to httpx
-    (for proxies, custom TLS, or tests). `ca_bundle` (or `FENCEPOST_CA_BUNDLE`)
-    is a PEM file of the authorities to trust for an https:// server whose
-    certificate the system does not trust (a private CA).
+    failures, 5xx and quota refusals are retried. Given a `transport`, the
+    client talks through httpx with it (for custom proxies, TLS, or tests), as it
+    does when `HTTP_PROXY` and the like apply to the URL; otherwise through its
+    own keep-alive connections, which cost far less CPU per request.
+    `ca_bundle` (or `FENCEPOST_CA_BUNDLE`) is a PEM file of the authorities to
+    trust for an https:// server whose certificate the system does not trust
+    (a private CA).
     `on_key_refresh` opts in to refreshing the API key before it expires: once
     two thirds of its life have passed, the client mints a successor
     (`POST /v1/keys/refresh`), uses it from then on, and calls
@@ -105,7 +107,7 @@ class AsyncClient(CurrentKey, Methods, AsyncRunner):
         on_renewed: OnRenewed | None = None,
     ) -> None:
         self.settings = Settings.resolve(url, api_key, timeout, retries, ca_bundle=ca_bundle)
-        self._http = httpx.AsyncClient(transport=transport, **self.settings.client_options())
+        self._edge = async_edge(self.settings, transport)
         self._on_key_refresh = on_key_refresh
         self._key_refresh = KeyRefresh() if on_key_refresh is not None else None
         self._refreshing = asyncio.Lock()
@@ -125,7 +127,7 @@ class AsyncClient(CurrentKey, Methods, AsyncRunner):
 
     async def aclose(self) -> None:
         """Close the connections."""
-        await self._http.aclose()
+        await self._edge.aclose()
 
     async def _run(self, program: Op[T], retries: Retries | None = None) -> T:
         if retries is None:
@@ -181,19 +183,11 @@ class AsyncClient(CurrentKey, Methods, AsyncRunner):
                 await self._turns.take(urgent=call.renews, timeout=limit)
             except TimeoutError:
                 raise waited_too_long(self.url) from None
-        now = time.monotonic()
-        timeout = self.settings.timeout_for(call, now)
         try:
-            response = await self._http.request(
-                call.method, call.path, json=call.body_at(now), params=call.params,
-                headers=self._headers(call), timeout=timeout,
-            )
-        except httpx.HTTPError as exc:
-            raise transport_error(exc, self.url) from exc
+            reply = await self._edge.send(call, self._headers(call), time.monotonic())
         finally:
             if call.wait is None:
                 self._turns.give_back()
-        reply = reply_of(response)
         raise_for_status(reply)
         return call.decode(reply)
 

@@ -1,19 +1,25 @@
-"""The httpx edge shared by both clients: configuration, timeouts, and turning
-httpx's failures into the fencepost error tree."""
+"""The edge shared by both clients: configuration, timeouts, and turning
+transport failures into the fencepost error tree. The sync `Client` and an
+`AsyncClient` given an httpx transport talk through httpx; an `AsyncClient`
+otherwise through its own connections (`wire.py`), for CPU."""
 
 from __future__ import annotations
 
 import os
 import ssl
+import urllib.parse
+import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
+import msgspec
 
 from fencepost import __version__
 from fencepost.client.calls import Call, Reply
 from fencepost.client.retrying import Retries
+from fencepost.client.wire import Pool
 from fencepost.errors import TransportError
 
 DEFAULT_URL = "http://127.0.0.1:7440"
@@ -73,13 +79,17 @@ class Settings:
             ca_bundle=ca_bundle or env.get("FENCEPOST_CA_BUNDLE") or None,
         )
 
-    def client_options(self) -> dict[str, Any]:
-        """Keyword arguments for `httpx.Client` / `httpx.AsyncClient`."""
+    def default_headers(self) -> dict[str, str]:
+        """The headers every request carries (a call's own headers win)."""
         headers = {"User-Agent": USER_AGENT, "Accept": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
+        return headers
+
+    def client_options(self) -> dict[str, Any]:
+        """Keyword arguments for `httpx.Client` / `httpx.AsyncClient`."""
         options: dict[str, Any] = {
-            "base_url": self.url, "headers": headers, "timeout": self.timeout,
+            "base_url": self.url, "headers": self.default_headers(), "timeout": self.timeout,
             "follow_redirects": False,
             "limits": httpx.Limits(max_connections=MAX_CONNECTIONS,
                                    max_keepalive_connections=MAX_CONNECTIONS),
@@ -131,3 +141,74 @@ def waited_too_long(url: str) -> TransportError:
 
 def reply_of(response: httpx.Response) -> Reply:
     return Reply(response.status_code, response.headers, response.content)
+
+
+class AsyncEdge(Protocol):
+    """How an `AsyncClient` sends one request and gets its `Reply`; failures to
+    exchange it are raised as `TransportError`."""
+
+    async def send(self, call: Call[Any], headers: dict[str, str], now: float) -> Reply: ...
+
+    async def aclose(self) -> None: ...
+
+
+class HttpxEdge:
+    """Through httpx, with the transport the caller gave (custom proxies, tests),
+    or httpx's own (which honours the environment's proxies)."""
+
+    def __init__(self, settings: Settings, transport: httpx.AsyncBaseTransport | None) -> None:
+        self._settings = settings
+        self._http = httpx.AsyncClient(transport=transport, **settings.client_options())
+
+    async def send(self, call: Call[Any], headers: dict[str, str], now: float) -> Reply:
+        try:
+            response = await self._http.request(
+                call.method, call.path, json=call.body_at(now), params=call.params,
+                headers=headers, timeout=self._settings.timeout_for(call, now),
+            )
+        except httpx.HTTPError as exc:
+            raise transport_error(exc, self._settings.url) from exc
+        return reply_of(response)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+
+class WireEdge:
+    """Through the client's own keep-alive connections (`wire.py`)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        tls = trust_context(settings.ca_bundle) if settings.ca_bundle else None
+        self._pool = Pool(settings.url, headers=settings.default_headers(),
+                          size=MAX_CONNECTIONS, tls=tls)
+
+    async def send(self, call: Call[Any], headers: dict[str, str], now: float) -> Reply:
+        body = call.body_at(now)
+        read = call.read_timeout(self._settings.timeout, now)
+        return await self._pool.send(
+            call.method, call.path, params=call.params, headers=headers,
+            body=None if body is None else msgspec.json.encode(body),
+            connect_timeout=min(CONNECT_TIMEOUT_S, read), read_timeout=read,
+        )
+
+    async def aclose(self) -> None:
+        await self._pool.aclose()
+
+
+def async_edge(settings: Settings, transport: httpx.AsyncBaseTransport | None) -> AsyncEdge:
+    """httpx when the caller gave a transport for it, or when the environment
+    sends this URL through a proxy (`HTTP_PROXY`, ...; httpx honours those);
+    else the client's own connections."""
+    if transport is None and not proxied(settings.url):
+        return WireEdge(settings)
+    return HttpxEdge(settings, transport)
+
+
+def proxied(url: str) -> bool:
+    """Whether the environment's proxy settings apply to `url`."""
+    proxies = urllib.request.getproxies_environment()
+    parts = urllib.parse.urlsplit(url)
+    if not (proxies.get(parts.scheme) or proxies.get("all")):
+        return False
+    return not urllib.request.proxy_bypass(parts.netloc)  # NO_PROXY and the like

@@ -52,6 +52,9 @@ class AppConfig:
     bootstrap_key: str | None = None
     # Called with a generated bootstrap secret, once, when the store was empty.
     on_bootstrap: Callable[[str, bool], None] | None = None
+    # This process's number among the workers of `serve --workers N` (None:
+    # the only one); the probes name it in X-Fencepost-Worker.
+    worker: int | None = None
 
 
 async def _reap_forever(store: Store, metrics: Metrics) -> None:
@@ -143,6 +146,7 @@ class App:
             metrics=self.metrics,
             openapi=build_openapi(),
             metrics_key=config.metrics_key,
+            worker=config.worker,
         )
         self._paths = _paths()
         self._reaper: asyncio.Task[None] | None = None

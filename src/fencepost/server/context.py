@@ -30,6 +30,7 @@ class Services:
     openapi: bytes  # the document, encoded once
     metrics_key: str | None  # when set, GET /metrics needs `Bearer <it>`
     shutting_down: bool = False  # /readyz turns 503 at once on SIGTERM
+    worker: int | None = None  # this process's number among `serve --workers N`'s
 
 
 class Call(Generic[B]):

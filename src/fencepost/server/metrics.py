@@ -11,10 +11,18 @@ Two kinds of series:
 
 Labels stay few: a route is its template (`/v1/locks/{key}`), never a raw path;
 lock keys are never labels; pools are (pools are few and made by admins).
+
+The workers of `serve --workers N` share one port, so a scrape reaches any one
+of them: each then answers for all, through prometheus_client's multiprocess
+mode (the supervisor gives them one PROMETHEUS_MULTIPROC_DIR; each process's
+series live in files there, summed at scrape time, a dead worker's counts
+included). The parked-waiters gauge is then refreshed at each reap (4x a
+second) rather than read at scrape time.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Iterable, Iterator
 
 from prometheus_client import (
@@ -27,6 +35,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from fencepost.events import (
@@ -45,6 +54,9 @@ from fencepost.store.base import Census, PoolView
 disable_created_metrics()  # type: ignore[no-untyped-call]
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 UNMATCHED_ROUTE = "unmatched"  # any path no route serves: one label value, not one per path
+# Set (by the supervisor of several workers) before prometheus_client is
+# imported; it then keeps every value in that folder's files.
+MULTIPROCESS_DIR = "PROMETHEUS_MULTIPROC_DIR"
 
 _REQUEST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                     2.5, 5.0, 10.0, 30.0, 60.0)
@@ -117,10 +129,13 @@ class Metrics:
         self.reaper_seconds = Histogram(
             "fencepost_reaper_duration_seconds", "Time of one reaper pass.",
             buckets=_COMMIT_BUCKETS, registry=r)
-        waiting = Gauge("fencepost_waiters_parked",
-                        "Requests waiting in line in this process now.", registry=r)
-        if parked is not None:
-            waiting.set_function(parked)
+        self._shared_dir = os.environ.get(MULTIPROCESS_DIR) or None
+        self._parked = parked
+        self.waiting = Gauge("fencepost_waiters_parked",
+                             "Requests waiting in line in this process now (with workers: "
+                             "in all of them).", registry=r, multiprocess_mode="livesum")
+        if parked is not None and self._shared_dir is None:
+            self.waiting.set_function(parked)
         self.shared = SharedState()
         r.register(self.shared)
         # The request path's children, made once per (method, route, status):
@@ -180,6 +195,8 @@ class Metrics:
         self.batch_seconds.labels(mode).observe(seconds)
 
     def observe_reap(self, freed: int | None, seconds: float) -> None:
+        if self._shared_dir is not None and self._parked is not None:
+            self.waiting.set(self._parked())  # the other workers read it from its file
         self.reaper_runs.inc()
         self.reaper_seconds.observe(seconds)
         if freed is None:
@@ -191,7 +208,12 @@ class Metrics:
         """The text exposition, with the shared state as just read (None: the
         store did not answer)."""
         self.shared.census = census
-        return generate_latest(self.registry)
+        if self._shared_dir is None:
+            return generate_latest(self.registry)
+        every_worker = CollectorRegistry()
+        MultiProcessCollector(every_worker, self._shared_dir)  # type: ignore[no-untyped-call]
+        every_worker.register(self.shared)
+        return generate_latest(every_worker)
 
 
 class SharedState(Collector):

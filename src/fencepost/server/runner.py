@@ -28,6 +28,8 @@ def serve(
     app: App, host: str, port: int, trusted_proxies: list[str] | None = None,
     max_connections: int | None = None, tls: ssl.SSLContext | None = None,
     on_ready: Callable[[int], None] | None = None, drain_seconds: float = 0.0,
+    reuse_port: bool = False, stop_signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT),
+    stop_fd: int | None = None,
 ) -> None:
     """Run until SIGTERM/SIGINT (exit 0 after a graceful stop); exit 1, after one
     line on stderr, when the address cannot be bound or the store cannot be
@@ -36,11 +38,15 @@ def serve(
     More than `max_connections` open connections are refused with a 503
     (default: see `connection_cap`). With `tls` (see `tls_context`), HTTPS only.
     On SIGTERM, /readyz turns 503 at once and everything else keeps serving for
-    `drain_seconds` (see `_stop`)."""
+    `drain_seconds` (see `_stop`). A worker (server/workers.py) shares its
+    port with its siblings (`reuse_port`) and takes no signals: each byte its
+    supervisor writes to `stop_fd` counts as one, and the end of that pipe
+    (the supervisor is gone) as one too."""
     proxies = TrustedProxies(list(trusted_proxies or []))
     cap = connection_cap(max_connections)
     try:
-        ok = _run(_serve(app, host, port, proxies, cap, tls, on_ready, drain_seconds))
+        ok = _run(_serve(app, host, port, proxies, cap, tls, on_ready, drain_seconds,
+                         reuse_port, stop_signals, stop_fd))
     except KeyboardInterrupt:  # a second Ctrl-C while stopping
         ok = True
     if not ok:
@@ -95,7 +101,9 @@ def _one_line(text: object) -> str:
 async def _serve(
     app: App, host: str, port: int, proxies: TrustedProxies, max_connections: int,
     tls: ssl.SSLContext | None, on_ready: Callable[[int], None] | None,
-    drain_seconds: float = 0.0,
+    drain_seconds: float = 0.0, reuse_port: bool = False,
+    stop_signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT),
+    stop_fd: int | None = None,
 ) -> bool:
     loop = asyncio.get_running_loop()
     connections = Connections(app.handle, app.refuse, proxies, max_connections)
@@ -104,7 +112,8 @@ async def _serve(
     # accepted only once the store is open.
     try:
         server = await loop.create_server(
-            connections.protocol, host, port, reuse_address=True, backlog=2048,
+            connections.protocol, host, port, reuse_address=True, reuse_port=reuse_port or None,
+            backlog=2048,
             start_serving=False, ssl=tls,
             # A client that opens a connection and never finishes the handshake
             # is dropped like one that never sends a request.
@@ -132,8 +141,10 @@ async def _serve(
         on_ready(int(server.sockets[0].getsockname()[1]))
 
     signals = _Signals(connections)
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in stop_signals:
         loop.add_signal_handler(sig, signals.received)
+    if stop_fd is not None:
+        _read_stops(loop, stop_fd, signals)
     await signals.stop.wait()
     await _stop(app, server, connections, signals, drain_seconds)
     return True
@@ -164,6 +175,25 @@ async def _stop(
     connections.abort()
     await asyncio.sleep(0)  # let the aborted transports report connection_lost
     await app.shutdown()
+
+
+def _read_stops(loop: asyncio.AbstractEventLoop, fd: int, signals: _Signals) -> None:
+    os.set_blocking(fd, False)
+
+    def readable() -> None:
+        try:
+            data = os.read(fd, 64)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:  # the writer is gone: stop, once
+            loop.remove_reader(fd)
+            signals.received()
+        for _ in data:
+            signals.received()
+
+    loop.add_reader(fd, readable)
 
 
 class _Signals:

@@ -26,16 +26,21 @@ def redacted(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
-def make_store(url: str, readers: int | None = None) -> Store:
+def make_store(
+    url: str, readers: int | None = None, clock_anchor: tuple[int, int] | None = None
+) -> Store:
     """The store for `url`; `readers` is how many read-only connections it keeps
-    besides its one writer (default: sql_store.DEFAULT_READERS)."""
+    besides its one writer (default: sql_store.DEFAULT_READERS). SQLite's
+    clock starts from `clock_anchor` when given (see SteadyClock); a
+    PostgreSQL store's clock is always the database's."""
     from fencepost.store.sql_store import DEFAULT_READERS
 
     count = DEFAULT_READERS if readers is None else readers
     if url.startswith("sqlite:"):
+        from fencepost.clock import SteadyClock
         from fencepost.store.sqlite import SqliteStore
 
-        return SqliteStore(sqlite_path(url), readers=count)
+        return SqliteStore(sqlite_path(url), SteadyClock(clock_anchor), readers=count)
     if url.startswith(("postgresql:", "postgres:")):
         from fencepost.store.postgresql import PostgresStore
 

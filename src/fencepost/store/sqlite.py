@@ -1,4 +1,6 @@
-"""The embedded SQLite store: one file, one server process, WAL and group commit."""
+"""The embedded SQLite store: one file, WAL and group commit, served by one
+machine's server processes (the workers of `fencepost serve --workers N`;
+see local_peers.py for how they tell each other about freed locks)."""
 
 from __future__ import annotations
 
@@ -10,11 +12,13 @@ from typing import Any, Callable, ContextManager
 
 from fencepost.clock import SteadyClock
 from fencepost.errors import StoreUnavailable
+from fencepost.store.base import Freed
 from fencepost.store.batch import Cursor
 from fencepost.store.file_guard import FileGuard
+from fencepost.store.local_peers import LocalPeers
 from fencepost.store.migrate import apply_migrations
-from fencepost.store.sql.replicas import OneProcess
 from fencepost.store.sql_store import DEFAULT_READERS, SqlStore
+from fencepost.store.writer_turn import WriterTurn
 
 _log = logging.getLogger(__name__)
 
@@ -35,10 +39,14 @@ class SqliteEngine:
     # Batches are serialised whole (BEGIN IMMEDIATE): the counter row is enough.
     token_sequence: str | None = None
 
-    def __init__(self, path: str, clock_ms: Callable[[], int]) -> None:
+    def __init__(
+        self, path: str, clock_ms: Callable[[], int], peers: LocalPeers | None = None
+    ) -> None:
         self.path = path
         self.clock_ms = clock_ms
         self.guard = FileGuard(path)
+        self.peers = peers or LocalPeers()  # unbound: a lone engine tells nobody
+        self.turn = WriterTurn(path)
 
     def connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -59,6 +67,8 @@ class SqliteEngine:
         # WAL snapshot and never block the writer. The write lock covers every
         # key (one writer at a time), so `keys` need no lock of their own.
         self._refuse_if_lost()
+        if exclusive:
+            self.turn.take()  # among this file's server processes (see writer_turn.py)
         conn.execute("BEGIN IMMEDIATE" if exclusive else "BEGIN")
         return self.clock_ms
 
@@ -66,16 +76,29 @@ class SqliteEngine:
         return [True] * len(keys)  # the batch holds the whole database already
 
     def execute(self, conn: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> Cursor:
+        if sql == "ROLLBACK":  # a batch given up or replayed (batch.py): the turn passes on
+            try:
+                return conn.execute(sql, params)
+            finally:
+                self.turn.give()
         return conn.execute(sql, params)
 
     def commit(self, conn: sqlite3.Connection, events: list[Any]) -> None:
-        # One process: events are published locally after the commit.
-        conn.execute("COMMIT")
+        # Events are published in this process after the commit; wake-ups
+        # also go to the other processes serving the file, read inside the
+        # transaction so that one that registered before it is told.
+        freed = [event for event in events if isinstance(event, Freed)]
+        others = self.peers.others(conn.execute) if freed else []
+        try:
+            conn.execute("COMMIT")
+        finally:
+            self.turn.give()
         # Checked after the commit, so that a file lost at any moment before
         # it is caught: the batch's callers then get 503, never a 2xx for a
         # write into a file that is gone.
         self.guard.check()
         self._refuse_if_lost()
+        self.peers.send(others, freed)
 
     def _refuse_if_lost(self) -> None:
         lost = self.guard.lost
@@ -108,11 +131,13 @@ class SqliteStore(SqlStore):
     ) -> None:
         self.path = path
         # One clock for every expiry decision and stamped instant, immune to
-        # wall-clock steps while the server runs (see SteadyClock).
+        # wall-clock steps while the server runs (see SteadyClock); the
+        # workers of one server share it (twins of their supervisor's).
         self._clock_ms = clock_ms or SteadyClock()
-        self._engine = SqliteEngine(path, self._clock_ms)
+        self._peers = LocalPeers()
+        self._engine = SqliteEngine(path, self._clock_ms, self._peers)
         self._told_drift_ms = 0
-        super().__init__(self._engine, OneProcess(), readers)
+        super().__init__(self._engine, self._peers, readers)
 
     async def open(self) -> None:
         if not Path(self.path).parent.is_dir():  # a mistyped path must not start an empty store
@@ -123,9 +148,19 @@ class SqliteStore(SqlStore):
         self._engine.guard = FileGuard(self.path)
         try:
             await asyncio.to_thread(apply_migrations, f"sqlite:///{self.path}", "sqlite")
+            self._peers.bind(asyncio.get_running_loop(), self._publish)
             await self._start()
         except sqlite3.Error as exc:
+            self._peers.unbind()
             raise StoreUnavailable(f"Cannot open the SQLite store at {self.path}: {exc}.") from exc
+        except BaseException:
+            self._peers.unbind()
+            raise
+
+    async def close(self) -> None:
+        await super().close()
+        self._peers.unbind()
+        self._engine.turn.close()
 
     async def now_ms(self) -> int:
         return self._clock_ms()

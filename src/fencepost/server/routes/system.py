@@ -14,12 +14,20 @@ from fencepost.server.metrics import CONTENT_TYPE
 from fencepost.store.base import Census
 
 
+def _which_worker(call: Call[None]) -> dict[str, str] | None:
+    """The answering worker's number (`serve --workers N`): behind one port,
+    a probe otherwise cannot tell the workers apart."""
+    worker = call.services.worker
+    return None if worker is None else {"X-Fencepost-Worker": str(worker)}
+
+
 async def livez(call: Call[None]) -> Response:
     """The process serves: it never asks the store, so that a database outage
     does not get every replica restarted."""
     store = call.services.store
     return json_response(
-        200, schemas.Health(status="ok", store=store.url_scheme, version=__version__)
+        200, schemas.Health(status="ok", store=store.url_scheme, version=__version__),
+        _which_worker(call),
     )
 
 
@@ -36,7 +44,8 @@ async def readyz(call: Call[None]) -> Response:
     except Exception as exc:  # noqa: BLE001 - any store failure means not ready
         return error_response(StoreUnavailable(f"The store is not answering: {exc}."))
     return json_response(
-        200, schemas.Health(status="ok", store=store.url_scheme, version=__version__)
+        200, schemas.Health(status="ok", store=store.url_scheme, version=__version__),
+        _which_worker(call),
     )
 
 

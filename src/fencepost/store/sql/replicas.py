@@ -58,27 +58,6 @@ class Liveness(Protocol):
         and return the rows of the replicas that are dead."""
 
 
-class OneProcess:
-    """SQLite: one server process serves the store (SPEC §1), so every other
-    replica is a previous life of the server, killed or crashed: its waiters
-    can never be answered. Only a serving process reaps, so `fencepost project
-    create` opening the store beside a running server removes nobody."""
-
-    def __init__(self) -> None:
-        self.replica = new_replica_id()
-
-    def register(self, tx: Tx) -> None:
-        tx.execute(
-            "INSERT INTO replicas (id, started_ms) VALUES (?, ?) ON CONFLICT (id) DO NOTHING",
-            (self.replica, tx.now_ms),
-        )
-
-    def dead_replicas(self, tx: Tx) -> list[str]:
-        self.register(tx)
-        rows = tx.execute("DELETE FROM replicas WHERE id <> ? RETURNING id", (self.replica,))
-        return [replica for (replica,) in rows.fetchall()]
-
-
 # Why the database's sessions and not a heartbeat row per replica: a killed
 # process's connections are closed by its kernel, so PostgreSQL ends their
 # sessions at once; a replica is alive while any of its sessions (writer,
