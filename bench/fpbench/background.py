@@ -108,7 +108,7 @@ def preload_locks(store_url: str, count: int) -> None:
                 "INSERT INTO locks (project, key, lock_token, fencing_token, acquired_ms, "
                 "expires_ms, deadline_ms, dies_ms, on_expiry, lock_delay_ms) "
                 "SELECT 'default', ? || i, 'preloaded-' || i, i, ?, ?, ?, ?, 'release', 0 FROM n "
-                "WHERE true ON CONFLICT (project, key) DO NOTHING",
+                "WHERE true ON CONFLICT (project, key, lock_token) DO NOTHING",
                 (count, f"{HELD_PREFIX}-", now, now + _DAY_MS, now + 90 * _DAY_MS, now + _DAY_MS),
             )
         return
@@ -119,7 +119,7 @@ def preload_locks(store_url: str, count: int) -> None:
             "INSERT INTO locks (project, key, lock_token, fencing_token, acquired_ms, "
             "expires_ms, deadline_ms, dies_ms, on_expiry, lock_delay_ms) "
             "SELECT 'default', %s || i, 'preloaded-' || i, i, %s, %s, %s, %s, 'release', 0 "
-            "FROM generate_series(1, %s) AS i ON CONFLICT (project, key) DO NOTHING",
+            "FROM generate_series(1, %s) AS i ON CONFLICT (project, key, lock_token) DO NOTHING",
             (f"{HELD_PREFIX}-", now, now + _DAY_MS, now + 90 * _DAY_MS, now + _DAY_MS, count),
         )
         # Measure the steady state of a million held locks, not the bulk
