@@ -323,6 +323,9 @@ class Store(Protocol):
 
     async def release_lock(self, project: str, key: str, lock_token: str) -> bool: ...
 
+    async def leave_set_line(self, project: str, keys: list[str], ticket: int) -> None:
+        """Give up a lock set's places (one ticket) in the lines of all its keys."""
+
     async def force_release(self, project: str, key: str, by: ForceReleaser) -> ForceReleased:
         """End every lease of the lock (dead or alive: no live lease is left
         behind). Raises Forbidden, changing nothing, when `by` may not end
@@ -378,6 +381,14 @@ class Store(Protocol):
     ) -> bool:
         """True when the slot was held. Raises NotFound for an unknown pool or a slot
         of another project or pool."""
+
+    async def keep_waiting(
+        self, lines: dict[tuple[str, str, str], list[int]], alive_ms: int
+    ) -> list[tuple[str, str, str]]:
+        """Refresh waiters' places: the tickets of each line (kind, project,
+        name) last `alive_ms` from now. One operation for the parked waiters
+        of a process; returns the lines it skipped because another
+        transaction was busy with them (tried again later)."""
 
     async def reap(self) -> int:
         """Free every dead lease and slot and drop dead waiters: those whose place

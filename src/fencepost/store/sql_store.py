@@ -33,9 +33,9 @@ from fencepost.store.base import (
     SlotHolderView,
     SlotReport,
 )
-from fencepost.store.batch import BatchWriter, Engine, Tx
+from fencepost.store.batch import NO_KEYS, BatchWriter, Engine, Key, Keys, Tx
 from fencepost.store.health import WriteHealth, probe_writes
-from fencepost.store.sql import census, ended, fencing, keys, locks, pools, slot_holders
+from fencepost.store.sql import census, ended, fencing, keys, lines, locks, pools, slot_holders
 from fencepost.store.sql.known_leases import KnownLeases
 from fencepost.store.sql.replicas import Liveness, Place
 
@@ -58,13 +58,21 @@ REAP_BOUND = 1_000
 
 
 DEFAULT_READERS = 2
+# Key management (create, refresh, revoke, bootstrap) is rare, and a refresh
+# must not slip past a revocation of its parent: all of it is one key.
+_KEY_MANAGEMENT: Keys = (Key("api_keys", "", ""),)
+
+
+def _quota_of(key_id: str) -> Keys:
+    return (Key("quota", "", key_id),)
 
 
 class SqlStore:
     url_scheme = "sql"
 
     def __init__(
-        self, engine: Engine, liveness: Liveness, readers: int = DEFAULT_READERS
+        self, engine: Engine, liveness: Liveness, readers: int = DEFAULT_READERS,
+        writers: int = 1,
     ) -> None:
         # Which replica this process is, stamped on its waiter rows, and how
         # the backend tells which replicas died (see sql/replicas.py).
@@ -72,7 +80,11 @@ class SqlStore:
         self._listeners: list[FreedListener] = []
         self._event_listeners: list[EventListener] = []
         self.health = WriteHealth()
-        self._writer = BatchWriter(engine, self._publish, on_failure=self.health.failed)
+        # `writers` connections, each running one batch at a time; batches on
+        # different keys run concurrently (see batch.py).
+        self._writer = BatchWriter(
+            engine, self._publish, on_failure=self.health.failed, connections=writers
+        )
         # Reads run on their own connections, so a GET never queues behind a
         # write batch (nor, on PostgreSQL, behind other replicas' batches).
         self._readers = [
@@ -81,7 +93,7 @@ class SqlStore:
         ]
         self._next_reader = itertools.cycle(self._readers or [self._writer])
         self._pepper = b""
-        self._known = KnownLeases()  # the writer thread's alone
+        self._known = KnownLeases()  # shared by the writer's threads
         self._last_prune_ms = 0
         # While set, pruning the memory of ended leases older than this goes on
         # pass after pass until it is done.
@@ -90,16 +102,17 @@ class SqlStore:
         self.reap_bound = REAP_BOUND
 
     def _read(self, fn: Callable[[Tx], T]) -> Awaitable[T]:
-        return next(self._next_reader).run(fn)
+        return next(self._next_reader).run(fn, NO_KEYS)  # a read-only snapshot holds nothing
 
     # --- lifecycle (backends extend open/close) ----------------------------
     async def _start(self) -> None:
         self._writer.start()
         for reader in self._readers:
             reader.start()
-        self._pepper = (await self._writer.run(keys.load_pepper)).encode()
-        await self._writer.run(self._liveness.register)
-        await self._writer.run(fencing.floor_at_clock)
+        self._pepper = (await self._writer.run(keys.load_pepper, _KEY_MANAGEMENT)).encode()
+        # This replica's own row, and the sequence or counter in one statement.
+        await self._writer.run(self._liveness.register, NO_KEYS)
+        await self._writer.run(fencing.floor_at_clock, NO_KEYS)
 
     def _place(self, alive_ms: int) -> Place:
         return Place(self._liveness.replica, alive_ms)
@@ -152,15 +165,19 @@ class SqlStore:
 
     # --- projects and keys -------------------------------------------------
     async def bootstrap(self, secret: str | None) -> str | None:
-        return await self._writer.run(lambda tx: keys.bootstrap(tx, self._pepper, secret))
+        return await self._writer.run(
+            lambda tx: keys.bootstrap(tx, self._pepper, secret), _KEY_MANAGEMENT
+        )
 
     async def create_project(self, name: str) -> str:
-        return await self._writer.run(lambda tx: keys.create_project(tx, self._pepper, name))
+        return await self._writer.run(
+            lambda tx: keys.create_project(tx, self._pepper, name), _KEY_MANAGEMENT
+        )
 
     async def create_key(self, project: str, new: NewKey) -> tuple[KeyRecord, str]:
         secret = new_secret()
         record = await self._writer.run(
-            lambda tx: keys.insert_key(tx, self._pepper, project, new, secret)
+            lambda tx: keys.insert_key(tx, self._pepper, project, new, secret), _KEY_MANAGEMENT
         )
         return record, secret
 
@@ -168,12 +185,15 @@ class SqlStore:
         return await self._read(lambda tx: keys.list_keys(tx, project))
 
     async def revoke_key(self, project: str, key_id: str) -> bool:
-        return await self._writer.run(lambda tx: keys.revoke_key(tx, project, key_id))
+        return await self._writer.run(
+            lambda tx: keys.revoke_key(tx, project, key_id), _KEY_MANAGEMENT
+        )
 
     async def refresh_key(self, key_id: str, expires_in_ms: int | None) -> tuple[KeyRecord, str]:
         secret = new_secret()
         record = await self._writer.run(
-            lambda tx: keys.refresh_key(tx, self._pepper, key_id, expires_in_ms, secret)
+            lambda tx: keys.refresh_key(tx, self._pepper, key_id, expires_in_ms, secret),
+            _KEY_MANAGEMENT,
         )
         return record, secret
 
@@ -182,7 +202,9 @@ class SqlStore:
         return await self._read(lambda tx: keys.find_key(tx, wanted))
 
     async def admit_request(self, key_id: str, per_minute: int) -> int | None:
-        return await self._writer.run(lambda tx: keys.admit_request(tx, key_id, per_minute))
+        return await self._writer.run(
+            lambda tx: keys.admit_request(tx, key_id, per_minute), _quota_of(key_id)
+        )
 
     # --- locks ---------------------------------------------------------------
     async def acquire_lock(
@@ -190,7 +212,8 @@ class SqlStore:
     ) -> AcquireResult:
         place = None if wait_alive_ms is None else self._place(wait_alive_ms)
         return await self._writer.run_steps(
-            lambda tx: locks.acquire(tx, self._known, project, key, request, place)
+            lambda tx: locks.acquire(tx, self._known, project, key, request, place),
+            locks.key_of(project, key),
         )
 
     async def retry_waiter(
@@ -198,7 +221,8 @@ class SqlStore:
     ) -> AcquireResult:
         place = self._place(alive_ms)
         return await self._writer.run(
-            lambda tx: locks.retry_waiter(tx, self._known, project, key, request, ticket, place)
+            lambda tx: locks.retry_waiter(tx, self._known, project, key, request, ticket, place),
+            locks.key_of(project, key),
         )
 
     async def acquire_lock_set(
@@ -207,7 +231,8 @@ class SqlStore:
     ) -> SetAttempt:
         place = None if wait_alive_ms is None else self._place(wait_alive_ms)
         return await self._writer.run(
-            lambda tx: locks.acquire_set(tx, self._known, project, keys, request, place)
+            lambda tx: locks.acquire_set(tx, self._known, project, keys, request, place),
+            locks.keys_of(project, keys),
         )
 
     async def retry_set_waiter(
@@ -218,27 +243,38 @@ class SqlStore:
         return await self._writer.run(
             lambda tx: locks.retry_set_waiter(
                 tx, self._known, project, keys, request, ticket, place
-            )
+            ),
+            locks.keys_of(project, keys),
         )
 
     async def leave_line(self, project: str, key: str, ticket: int) -> None:
         # Tickets are unique across locks (a set's one ticket names its places
         # in every line), so the ticket alone says which places to give up.
-        await self._writer.run(lambda tx: locks.leave_line(tx, ticket))
+        await self._writer.run(
+            lambda tx: locks.leave_line(tx, ticket), locks.key_of(project, key)
+        )
+
+    async def leave_set_line(self, project: str, keys: list[str], ticket: int) -> None:
+        await self._writer.run(
+            lambda tx: locks.leave_line(tx, ticket), locks.keys_of(project, keys)
+        )
 
     async def renew_lock(self, project: str, key: str, lock_token: str, ttl_seconds: int) -> Lease:
         return await self._writer.run_steps(
-            lambda tx: locks.renew(tx, self._known, project, key, lock_token, ttl_seconds)
+            lambda tx: locks.renew(tx, self._known, project, key, lock_token, ttl_seconds),
+            locks.key_of(project, key),
         )
 
     async def release_lock(self, project: str, key: str, lock_token: str) -> bool:
         return await self._writer.run_steps(
-            lambda tx: locks.release(tx, self._known, project, key, lock_token)
+            lambda tx: locks.release(tx, self._known, project, key, lock_token),
+            locks.key_of(project, key),
         )
 
     async def force_release(self, project: str, key: str, by: ForceReleaser) -> ForceReleased:
         return await self._writer.run(
-            lambda tx: locks.force_release(tx, self._known, project, key, by)
+            lambda tx: locks.force_release(tx, self._known, project, key, by),
+            locks.key_of(project, key),
         )
 
     async def get_lock(self, project: str, key: str) -> LockView:
@@ -254,7 +290,9 @@ class SqlStore:
 
     # --- pools ---------------------------------------------------------------
     async def put_pool(self, project: str, name: str, config: PoolConfig) -> tuple[PoolView, bool]:
-        return await self._writer.run(lambda tx: pools.put(tx, project, name, config))
+        return await self._writer.run(
+            lambda tx: pools.put(tx, project, name, config), pools.key_of(project, name)
+        )
 
     async def get_pool(self, project: str, name: str) -> PoolView | None:
         return await self._read(lambda tx: pools.view(tx, project, name))
@@ -265,7 +303,9 @@ class SqlStore:
         return await self._read(lambda tx: pools.list_views(tx, project, prefix, after, limit))
 
     async def delete_pool(self, project: str, name: str) -> bool:
-        return await self._writer.run(lambda tx: pools.delete(tx, project, name))
+        return await self._writer.run(
+            lambda tx: pools.delete(tx, project, name), pools.key_of(project, name)
+        )
 
     async def acquire_slot(
         self, project: str, pool: str, *, wait_alive_ms: int | None, key_id: str | None = None
@@ -274,7 +314,8 @@ class SqlStore:
         return await self._writer.run(
             lambda tx: slot_holders.stamp_holder(
                 tx, pools.acquire(tx, project, pool, place), key_id
-            )
+            ),
+            pools.key_of(project, pool),
         )
 
     async def retry_slot_waiter(
@@ -284,26 +325,38 @@ class SqlStore:
         return await self._writer.run(
             lambda tx: slot_holders.stamp_holder(
                 tx, pools.retry_waiter(tx, project, pool, ticket, place), key_id
-            )
+            ),
+            pools.key_of(project, pool),
         )
 
     async def list_slots(self, project: str, pool: str) -> list[SlotHolderView]:
         return await self._read(lambda tx: slot_holders.list_slots(tx, project, pool))
 
     async def leave_slot_line(self, project: str, pool: str, ticket: int) -> None:
-        await self._writer.run(lambda tx: pools.leave_line(tx, project, pool, ticket))
+        await self._writer.run(
+            lambda tx: pools.leave_line(tx, project, pool, ticket), pools.key_of(project, pool)
+        )
 
     async def renew_slot(self, project: str, pool: str, slot_id: str) -> Slot:
-        return await self._writer.run(lambda tx: pools.renew(tx, project, pool, slot_id))
+        return await self._writer.run(
+            lambda tx: pools.renew(tx, project, pool, slot_id), pools.key_of(project, pool)
+        )
 
     async def release_slot(
         self, project: str, pool: str, slot_id: str, report: SlotReport | None
     ) -> bool:
         return await self._writer.run(
-            lambda tx: pools.release(tx, project, pool, slot_id, report)
+            lambda tx: pools.release(tx, project, pool, slot_id, report),
+            pools.key_of(project, pool),
         )
 
     # --- background ------------------------------------------------------------
+    async def keep_waiting(
+        self, waiting: dict[tuple[str, str, str], list[int]], alive_ms: int
+    ) -> list[tuple[str, str, str]]:
+        # No keys declared: it claims each line (see sql/lines.py).
+        return await self._writer.run(lambda tx: lines.keep(tx, waiting, alive_ms), NO_KEYS)
+
     async def reap(self) -> int:
         freed = 0
         while True:
@@ -341,7 +394,8 @@ class SqlStore:
                     self._forget_before_ms = None
             return leases + slots, more_locks or more_slots or more_memory
 
-        reaped, more = await self._writer.run(op)
+        # No keys declared: the reaper claims what it ends (see sql/bounded.py).
+        reaped, more = await self._writer.run(op, NO_KEYS)
         if probed is not None:  # it committed: writes work (again)
             self.health.succeeded(probed)
         return reaped, more
