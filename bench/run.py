@@ -1,8 +1,8 @@
 """fencepost benchmark: fencepost (SQLite, PostgreSQL), etcd and Redis side by side.
 
     .venv/bin/python bench/run.py [--seconds 10] [--connections 64]
-                                  [--only sqlite,postgresql,etcd,redis] [--workloads a,b,c,d]
-                                  [--workers 1,2,4]
+                                  [--only sqlite,postgresql,etcd,redis] [--workloads a,b,c,d,e,f]
+                                  [--workers 1,2,4] [--replicas 1,2,3]
                                   [--results-dir bench/results]
 
 Starts each system itself on 127.0.0.1 (free ports, temp dirs; a fresh
@@ -39,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=int, default=10, help="per workload (default 10)")
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--only", default="", help="comma-separated: sqlite,postgresql,etcd,redis")
-    parser.add_argument("--workloads", default="a,b,c,d", help="comma-separated from a,b,c,d")
+    parser.add_argument("--workloads", default="a,b,c,d,e,f",
+                        help="comma-separated from a,b,c,d,e,f")
     parser.add_argument("--warmup", type=int, default=2, help="seconds of uncounted load first")
     parser.add_argument("--rounds", type=int, default=1,
                         help="measure everything N times, report each cell's median round")
@@ -52,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true",
                         help="sample the fencepost server with py-spy during each workload "
                              "(writes <results-dir>/profiles/)")
+    parser.add_argument("--replicas", default="",
+                        help="also run (a) on this many PostgreSQL replicas of one database, "
+                             "comma-separated (e.g. 1,2,3): the scaling table")
     parser.add_argument("--workers", default="1",
                         help="comma-separated worker counts: each fencepost store is measured "
                              "with `serve --workers N` for each (default 1); more than one "
@@ -76,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             results_dir=Path(args.results_dir), install=not args.no_install,
             pg_admin_url=args.pg_url, profile_fencepost=args.profile,
             rounds=args.rounds, workers=workers,
+            replicas=[int(n) for n in args.replicas.split(",") if n.strip()],
         )
     except ValueError as exc:
         parser.error(str(exc))

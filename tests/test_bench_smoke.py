@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from pg_support import ADMIN_URL
 from support import missing
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,6 +66,36 @@ def test_one_second_of_acquire_release_against_fencepost_sqlite(tmp_path: Path) 
     latest = (tmp_path / "latest.md").read_text()
     assert "| a | fencepost-sqlite |" in latest
     assert any("fencepost-sqlite" in line and "1.00x" in line for line in printed)
+
+
+@pytest.mark.timeout(600)
+def test_parked_waiters_held_locks_and_replicas_workloads_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(e), (f) and the replicas table, scaled down: the same code paths."""
+    _need_wrk()
+    from fpbench import runner
+
+    monkeypatch.setattr(runner, "PARKED_LOCKS", 2)
+    monkeypatch.setattr(runner, "PARKED_WAITERS", 20)
+    monkeypatch.setattr(runner, "HELD_LOCKS", 1000)
+    run = run_benchmark(
+        seconds=1, only=["sqlite"], workloads=["a", "e", "f"], warmup=0, python_seconds=0,
+        results_dir=tmp_path, install=False, replicas=[2], pg_admin_url=ADMIN_URL,
+        say=lambda line: None,
+    )
+    rows = {row["workload"]: row for row in run["results"]}
+    for workload in ("e", "f"):
+        assert rows[workload]["status"] == "ok", rows[workload]["reason"]
+        assert rows[workload]["unexpected"] == 0, rows[workload]["samples"]
+    assert "20 waiters parked on 2 locks" in rows["e"]["loader"]
+    [scaled] = run["scaling"]
+    assert scaled["status"] == "ok", scaled["reason"]
+    assert scaled["replicas"] == 2 and scaled["ops_per_s"] > 0
+    assert "| 2 |" in (tmp_path / "latest.md").read_text()
+    targets = {t["target"] for t in run["targets"]}
+    assert any(t.startswith("(e) fencepost-sqlite") for t in targets)
+    assert any(t.startswith("(f) fencepost-sqlite") for t in targets)
 
 
 @pytest.mark.timeout(300)

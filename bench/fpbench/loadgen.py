@@ -23,6 +23,8 @@ WRK_SCRIPTS = {
     ("fencepost", "b"): "fencepost_renew.lua",
     ("fencepost", "c"): "fencepost_hot.lua",
     ("fencepost", "d"): "fencepost_pool.lua",
+    ("fencepost", "e"): "fencepost_cycle.lua",  # (a), with waiters parked
+    ("fencepost", "f"): "fencepost_cycle.lua",  # (a), with a million locks held
     ("etcd", "a"): "etcd_cycle.lua",
     ("etcd", "b"): "etcd_renew.lua",
     ("etcd", "c"): "etcd_hot.lua",

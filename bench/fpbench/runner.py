@@ -4,14 +4,26 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import subprocess
+import sys
 import tempfile
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from fpbench import loadgen, machine, profile, pylatency, report, tools
+from fpbench import (
+    background,
+    loadgen,
+    machine,
+    profile,
+    pylatency,
+    report,
+    scaling,
+    tools,
+)
 from fpbench.systems import (
+    BENCH_KEY,
     DEFAULT_PG_ADMIN_URL,
     Fencepost,
     Redis,
@@ -33,7 +45,12 @@ WORKLOADS = {
     "b": "renewals of held leases (one lease per connection)",
     "c": "one hot key contended by every connection (fail-fast)",
     "d": "pool slot acquire+release",
+    "e": "(a) while 10,000 connections wait parked in the lines of 100 held locks",
+    "f": "(a) with 1,000,000 other locks held",
 }
+# What workloads (e) and (f) add to the server while (a) runs.
+PARKED_LOCKS, PARKED_WAITERS = 100, 10_000
+HELD_LOCKS = 1_000_000
 BASELINE = "fencepost-sqlite"
 DEFAULT_RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 
@@ -96,6 +113,33 @@ def _load(system: System, workload: str, seconds: int, connections: int,
 
 def _measure(system: System, workload: str, seconds: int, connections: int, warmup: int,
              install: bool, profile_dir: Path | None = None) -> Row:
+    """`workload` against `system`; (e) and (f) run (a) with their background."""
+    if workload == "f":
+        assert isinstance(system, Fencepost)
+        background.preload_locks(system.store_url, HELD_LOCKS)
+    if workload != "e":
+        return _measure_load(system, workload, seconds, connections, warmup, install,
+                             profile_dir)
+    parker = subprocess.Popen(
+        [sys.executable, "-m", "fpbench.background", "park", system.base_url, BENCH_KEY,
+         str(PARKED_LOCKS), str(PARKED_WAITERS)],
+        cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parker.stdout is not None
+        line = parker.stdout.readline().strip()
+        if not line.startswith("parked "):
+            raise RuntimeError(f"could not park the waiters: {line or parker.wait()}")
+        row = _measure_load(system, workload, seconds, connections, warmup, install,
+                            profile_dir)
+        row.loader += f"; {line.split()[1]} waiters parked on {PARKED_LOCKS} locks"
+        return row
+    finally:
+        parker.kill()
+        parker.wait()
+
+
+def _measure_load(system: System, workload: str, seconds: int, connections: int, warmup: int,
+                  install: bool, profile_dir: Path | None = None) -> Row:
     if warmup > 0:
         _load(system, workload, warmup, connections, install)
     spy, spy_out = None, None
@@ -197,6 +241,7 @@ def run_benchmark(
     pg_admin_url: str = DEFAULT_PG_ADMIN_URL,
     profile_fencepost: bool = False,
     rounds: int = 1,
+    replicas: list[int] | None = None,
     workers: list[int] | None = None,
     say: Callable[[str], None] = print,
 ) -> dict[str, Any]:
@@ -255,6 +300,11 @@ def run_benchmark(
         row_rounds.append(rows)
         latency_rounds.append(latencies)
     rows = _median_rows(row_rounds)
+    scaled: list[dict[str, Any]] = []
+    if replicas and not wrk_missing:
+        with tempfile.TemporaryDirectory(prefix="fpbench-replicas-") as tmp:
+            scaled = [asdict(r) for r in scaling.measure(
+                replicas, seconds, connections, warmup, pg_admin_url, Path(tmp), say)]
     info: dict[str, Any] = {**described, "load_average_at_end": machine.load_average(),
                             "versions": versions}
     run: dict[str, Any] = {
@@ -267,6 +317,7 @@ def run_benchmark(
         "results": [{**asdict(r), "grant_share": r.grant_share} for r in rows],
         "python_latency": _median_latencies(latency_rounds),
         "targets": report.targets(rows),
+        "scaling": scaled,
     }
     files = report.write(run, Path(results_dir or DEFAULT_RESULTS_DIR), started)
     run["files"] = [str(f) for f in files]

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator
 import httpx
 import pytest
 
+from fencepost.server.waiting import WAITER_ALIVE_MS
 from support import ServerProcess, lock_headers, new_token, unique_name, wait_until
 
 # The old behaviour kept ghosts in line for WAITER_ALIVE_MS (5 s); the SPEC
@@ -200,7 +201,7 @@ def test_a_hung_replica_keeps_its_waiters_places_until_they_stop_being_refreshed
 ):
     """A stopped process still has its database sessions: it is not taken for
     dead (it may resume), and its waiters leave only when their places stop
-    being refreshed (WAITER_ALIVE_MS, 5 s): the safety net."""
+    being refreshed (WAITER_ALIVE_MS, 10 s): the safety net."""
     a, b = start_replica("a"), start_replica("b")
     key, holder = unique_name(), new_token()
     assert acquire(a, key, holder).status_code == 201
@@ -213,7 +214,8 @@ def test_a_hung_replica_keeps_its_waiters_places_until_they_stop_being_refreshed
         jumper = acquire(a, key, new_token())
         assert jumper.status_code == 409, jumper.text
         wait_until(lock_taken_on(a, key, new_token()),
-                   "the lock, once the hung waiter's place lapsed", 8.0)
+                   "the lock, once the hung waiter's place lapsed",
+                   WAITER_ALIVE_MS / 1000 + 3.0)
     finally:
         b.kill9()
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from fencepost.server.waiting import WaitRoom
+import asyncio
+
+from fencepost.server import waiting
+from fencepost.server.waiting import REFRESH_AFTER_S, WaitRoom
 from fencepost.store.base import Freed
 
 LINE = ("pool", "default", "api")
@@ -44,6 +47,49 @@ def test_unparked_waiters_are_forgotten() -> None:
     assert not a.wake.is_set()
 
 
+LOCK = ("lock", "default", "k")
+
+
+def test_only_places_no_retry_refreshed_lately_are_running_out() -> None:
+    room = WaitRoom()
+    stale, fresh = room.park((LINE,), 1), room.park((LINE,), 2)
+    other = room.park((LOCK,), 3)
+    stale.refreshed, fresh.refreshed, other.refreshed = 100.0, 104.0, 99.0
+    due = room.running_out(now=100.0 + REFRESH_AFTER_S)
+    assert due == {LINE: [stale], LOCK: [other]}
+    assert room.running_out(now=99.0 + REFRESH_AFTER_S - 0.5) == {}
+
+
+def test_wake_heads_wakes_the_first_waiter_of_every_line() -> None:
+    room = WaitRoom()
+    a, b, c = room.park((LINE,), 1), room.park((LINE,), 2), room.park((LOCK,), 3)
+    room.wake_heads()
+    assert (a.wake.is_set(), b.wake.is_set(), c.wake.is_set()) == (True, False, True)
+
+
+async def test_the_sweep_refreshes_what_ran_out_except_busy_lines(monkeypatch) -> None:
+    monkeypatch.setattr(waiting, "SWEEP_S", 0.0)
+    room = WaitRoom()
+    a, b = room.park((LINE,), 1), room.park((LOCK,), 2)  # never refreshed: both running out
+    asked: list[dict[tuple[str, str, str], list[int]]] = []
+    swept = asyncio.Event()
+
+    async def keep_waiting(lines, alive_ms):  # type: ignore[no-untyped-def]
+        asked.append(lines)
+        assert alive_ms == waiting.WAITER_ALIVE_MS
+        swept.set()
+        return [LOCK]  # busy elsewhere: tried again at the next sweep
+
+    sweeper = asyncio.create_task(room.sweep_forever(keep_waiting))
+    try:
+        await swept.wait()
+        await asyncio.sleep(0)
+    finally:
+        sweeper.cancel()
+    assert asked[0] == {LINE: [1], LOCK: [2]}
+    assert a.refreshed > 0 and b.refreshed == 0
+
+
 def test_a_lock_set_parked_on_several_lines_wakes_from_any_and_leaves_all() -> None:
     room = WaitRoom()
     lines = [("lock", "default", "a"), ("lock", "default", "b")]
@@ -52,3 +98,24 @@ def test_a_lock_set_parked_on_several_lines_wakes_from_any_and_leaves_all() -> N
     assert waiting_set.wake.is_set()
     room.unpark(lines, waiting_set)
     assert room.parked() == 0
+
+
+async def test_a_set_in_a_busy_line_stays_due_though_its_other_line_was_kept(
+    monkeypatch,
+) -> None:
+    monkeypatch.setattr(waiting, "SWEEP_S", 0.0)
+    room = WaitRoom()
+    both = room.park((LINE, LOCK), 1)
+    swept = asyncio.Event()
+
+    async def keep_waiting(lines, alive_ms):  # type: ignore[no-untyped-def]
+        swept.set()
+        return [LOCK]
+
+    sweeper = asyncio.create_task(room.sweep_forever(keep_waiting))
+    try:
+        await swept.wait()
+        await asyncio.sleep(0)
+    finally:
+        sweeper.cancel()
+    assert both.refreshed == 0

@@ -8,6 +8,7 @@ import pytest
 
 from fencepost.core.keys import Role
 from fencepost.core.leases import Busy, Granted, OnExpiry
+from fencepost.core.slots import PoolConfig
 from fencepost.errors import Conflict, LeaseExpired, LeaseLost
 from fencepost.store.base import Freed, NewKey, lock_freed
 
@@ -154,6 +155,29 @@ async def test_a_dead_waiter_does_not_block_the_line(store, clock):
     assert isinstance(granted.outcome, Granted)
 
 
+async def test_the_sweep_keeps_the_places_it_is_given(store, clock):
+    await grant(store)
+    await store.put_pool(P, "api", PoolConfig(limit=1, queue_size=5))
+    assert (await store.acquire_slot(P, "api", wait_alive_ms=None)).slot is not None
+    lock_place = await store.acquire_lock(P, "k", req(), wait_alive_ms=2_000)
+    slot_place = await store.acquire_slot(P, "api", wait_alive_ms=2_000)
+    other = await store.acquire_lock(P, "k", req(), wait_alive_ms=2_000)
+    clock.advance(1_500)
+    busy = await store.keep_waiting(
+        {("lock", P, "k"): [lock_place.ticket], ("pool", P, "api"): [slot_place.ticket]}, 10_000
+    )
+    assert busy == []
+    clock.advance(9_000)  # past the places' own end, within the refreshed end
+    await store.reap()
+    assert (await store.get_lock(P, "k")).waiters == 1  # the other place lapsed
+    assert (await store.get_pool(P, "api")).queued == 1
+    clock.advance(1_000)  # past the refreshed end
+    await store.reap()
+    assert (await store.get_lock(P, "k")).waiters == 0
+    assert (await store.get_pool(P, "api")).queued == 0
+    assert other.ticket != lock_place.ticket
+
+
 async def test_leaving_the_line_wakes_the_next(store):
     events: list[Freed] = []
     store.add_freed_listener(events.append)
@@ -213,3 +237,15 @@ async def test_request_quota_is_counted_in_the_store(store, clock):
     assert await store.admit_request("key_b", 2) is None  # per key
     clock.advance(30_000)
     assert await store.admit_request("key_a", 2) is None
+
+
+async def test_the_sweep_keeps_a_sets_place_only_in_the_lines_it_is_given(store, clock):
+    await grant(store, "a")
+    await grant(store, "b")
+    waiting = await store.acquire_lock_set(P, ["a", "b"], req(), wait_alive_ms=2_000)
+    assert waiting.ticket is not None
+    await store.keep_waiting({("lock", P, "a"): [waiting.ticket]}, 10_000)
+    clock.advance(3_000)
+    await store.reap()
+    assert (await store.get_lock(P, "a")).waiters == 1
+    assert (await store.get_lock(P, "b")).waiters == 0

@@ -13,6 +13,8 @@ import pytest
 from fencepost.core.leases import AcquireRequest, Busy, Granted
 from fencepost.core.slots import PoolConfig
 from fencepost.store.base import Freed, lock_freed, pool_freed
+from fencepost.store.batch import NO_KEYS
+from fencepost.store.postgresql import PostgresStore
 from fencepost.store.sql_store import SqlStore
 from pg_support import sessions_gone
 
@@ -135,11 +137,18 @@ async def test_a_replica_that_cannot_see_its_own_session_judges_nobody_dead(stor
     await fill_lines(b)
     await b.close()
     await sessions_gone(b.url, b)
-    renamed = "SET application_name = 'renamed'"
-    await store._writer.run(lambda tx: tx.execute(renamed))  # the writer runs the reaper
-    await store.reap()
-    assert await line_lengths(store) == (1, 1)
-    restored = f"SET application_name = '{store._engine.application_name}'"
-    await store._writer.run(lambda tx: tx.execute(restored))
-    await store.reap()
-    assert await line_lengths(store) == (0, 0)
+    # One writer connection, so that renaming it renames the reaper's session.
+    reaper = PostgresStore(store.url, clock_ms=clock, writers=1)
+    await reaper.open()
+    try:
+        renamed = "SET application_name = 'renamed'"
+        # the writer runs the reaper
+        await reaper._writer.run(lambda tx: tx.execute(renamed), NO_KEYS)
+        await reaper.reap()
+        assert await line_lengths(store) == (1, 1)
+        restored = f"SET application_name = '{reaper._engine.application_name}'"
+        await reaper._writer.run(lambda tx: tx.execute(restored), NO_KEYS)
+        await reaper.reap()
+        assert await line_lengths(store) == (0, 0)
+    finally:
+        await reaper.close()

@@ -73,7 +73,7 @@ class WorkerCount(click.ParamType[int]):
                    "postgresql://user:pass@host:port/db")
 @click.option("--store-readers", envvar="FENCEPOST_STORE_READERS", default=2, show_default=True,
               type=click.IntRange(0, 64),
-              help="Read-only store connections besides the one writer.")
+              help="Read-only store connections besides the writers.")
 @click.option("--host", envvar="FENCEPOST_HOST", default="127.0.0.1", show_default=True)
 @click.option("--port", envvar="FENCEPOST_PORT", default=7440, show_default=True,
               type=click.IntRange(0, 65535))

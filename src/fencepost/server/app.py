@@ -21,6 +21,7 @@ from fencepost.errors import (
     TooManyConnections,
 )
 from fencepost.events import Events
+from fencepost.server import collector
 from fencepost.server.access_log import AccessLog, AcquireLog
 from fencepost.server.auth import Authenticator
 from fencepost.server.context import Call, Services
@@ -149,6 +150,7 @@ class App:
         )
         self._paths = _paths()
         self._reaper: asyncio.Task[None] | None = None
+        self._sweeper: asyncio.Task[None] | None = None
 
     # --- lifecycle ----------------------------------------------------------
     async def startup(self) -> None:
@@ -156,7 +158,11 @@ class App:
         secret = await self.store.bootstrap(self.config.bootstrap_key)
         if secret is not None and self.config.on_bootstrap is not None:
             self.config.on_bootstrap(secret, self.config.bootstrap_key is None)
+        collector.tune()  # everything made so far lives as long as the process
         self._reaper = asyncio.create_task(_reap_forever(self.store, self.metrics))
+        self._sweeper = asyncio.create_task(
+            self.services.waiters.sweep_forever(self.store.keep_waiting)
+        )
 
     def stop_being_ready(self) -> None:
         """/readyz (and /healthz) answer 503 from now on; everything else still
@@ -169,10 +175,11 @@ class App:
         self.services.waiters.shut()
 
     async def shutdown(self) -> None:
-        if self._reaper is not None:
-            self._reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reaper
+        for task in (self._reaper, self._sweeper):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.store.close()
         self.services.access_log.close()
         self.event_log.close()

@@ -2,8 +2,14 @@
 
 The line itself lives in the store (tickets in arrival order), so it is fair
 across replicas; this module parks the local request and wakes it when the
-store reports that something may be free. A waiter wakes on that event, or at
-least every RECHECK_S as a safety net for a lost wake-up.
+store reports that something may be free. Wake-ups are the only path a parked
+waiter takes to the store; what used to be a re-check per waiter every second
+(10,000 waiters: 10,000 store operations a second) is one sweep per process
+(`WaitRoom.sweep_forever`): every SWEEP_S it refreshes, in one store
+operation, the places of the parked waiters whose place is running out (not
+refreshed by a retry for REFRESH_AFTER_S), and every SAFETY_WAKE_S it wakes
+the first waiter of each line, the safety net for a lost wake-up (a
+notification that crossed a dropped connection).
 
 Locks and pools differ only in how they talk to the store, which each states as
 a `Line`: try, retry with a ticket, leave, hand a grant back, and the error of
@@ -14,21 +20,35 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import logging
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import Awaitable, Callable, Generic, Protocol, TypeVar
 
 from fencepost.errors import FencepostError, ShuttingDown
 from fencepost.store.base import Freed
 
-RECHECK_S = 1.0
-# A waiter's place in line lasts this long unless refreshed; each retry refreshes it.
-# The waiters of a server process that died leave sooner, at the next reap of any
-# live replica (store/sql/replicas.py); this is the safety net for a process that
-# hangs without dying, or whose host vanished without closing its connections.
-WAITER_ALIVE_MS = 5000
+_log = logging.getLogger(__name__)
+
+# A waiter's place in line lasts this long unless refreshed; each retry, and
+# the sweep, refresh it. The waiters of a server process that died leave
+# sooner, at the next reap of any live replica (store/sql/replicas.py); this is
+# the safety net for a process that hangs without dying, or whose host
+# vanished without closing its connections.
+WAITER_ALIVE_MS = 10_000
+# How often the sweep runs, and which places it refreshes: those that no
+# retry or sweep refreshed for REFRESH_AFTER_S (so each is written about once
+# every REFRESH_AFTER_S, and always with more than WAITER_ALIVE_MS -
+# REFRESH_AFTER_S - SWEEP_S = 2.5 s left).
+SWEEP_S = 2.5
+REFRESH_AFTER_S = 5.0
+# How often the first waiter of each line re-checks without a wake-up.
+SAFETY_WAKE_S = 5.0
 
 T = TypeVar("T")
 Place = tuple[str, str, str]  # (kind, project, name): which line, as the store's Freed names it
+# Refreshes places in the store, each line's tickets to last alive_ms more;
+# returns the lines it skipped as busy (Store.keep_waiting).
+KeepWaiting = Callable[[dict[Place, list[int]], int], Awaitable[list[Place]]]
 
 
 class ClientGone(Exception):
@@ -73,6 +93,8 @@ class Line(Protocol[T]):
 class _Parked:
     ticket: int
     wake: asyncio.Event = field(compare=False, default_factory=asyncio.Event)
+    # When the place was last refreshed in the store (loop time).
+    refreshed: float = field(compare=False, default=0.0)
 
 
 class WaitRoom:
@@ -80,7 +102,7 @@ class WaitRoom:
     the first in line not already woken. Waking all would stampede; waking
     only the head would lose the second of two events that arrive before the
     head has run (a release, then the chain wake of the head's own admission),
-    leaving a free slot idle until the periodic re-check."""
+    leaving a free slot idle until the safety wake."""
 
     def __init__(self) -> None:
         self._lines: dict[Place, list[_Parked]] = {}
@@ -125,6 +147,50 @@ class WaitRoom:
         """Answer every parked request now (the server is stopping)."""
         self.closing.set()
 
+    def running_out(self, now: float) -> dict[Place, list[_Parked]]:
+        """The parked waiters whose places no retry refreshed lately, by line."""
+        due = now - REFRESH_AFTER_S
+        found: dict[Place, list[_Parked]] = {}
+        for place, line in self._lines.items():
+            stale = [parked for parked in line if parked.refreshed <= due]
+            if stale:
+                found[place] = stale
+        return found
+
+    def wake_heads(self) -> None:
+        """Wake the first waiter of every line (not one already woken)."""
+        for kind, project, name in list(self._lines):
+            self.on_freed(Freed(kind, project, name))
+
+    async def sweep_forever(self, keep_waiting: KeepWaiting) -> None:
+        """Keep the parked waiters' places alive in the store, and wake each
+        line's first waiter now and then (see the module docstring)."""
+        loop = asyncio.get_running_loop()
+        woke = loop.time()
+        while True:
+            await asyncio.sleep(SWEEP_S)
+            started = loop.time()
+            due = self.running_out(started)
+            if due:
+                try:
+                    busy = set(await keep_waiting(
+                        {place: [p.ticket for p in line] for place, line in due.items()},
+                        WAITER_ALIVE_MS,
+                    ))
+                except FencepostError as exc:  # tried again at the next sweep
+                    _log.warning("refreshing parked waiters: %s", exc.message)
+                else:
+                    # A lock set's waiter stands in several lines: refreshed
+                    # only once none of them was skipped.
+                    skipped = {id(p) for place in busy for p in due.get(place, ())}
+                    for line in due.values():
+                        for parked in line:
+                            if id(parked) not in skipped:
+                                parked.refreshed = max(parked.refreshed, started)
+            if loop.time() - woke >= SAFETY_WAKE_S:
+                woke = loop.time()
+                self.wake_heads()
+
 
 async def wait_for_grant(room: WaitRoom, line: Line[T], wait_s: float, gone: asyncio.Event) -> T:
     """A grant from `line`, waiting up to `wait_s` for one (0: try once).
@@ -168,7 +234,9 @@ async def _wait(
             parked.wake.clear()
             # Retry at once after parking too: a wake-up between joining the line
             # and parking would otherwise be missed.
+            retried = loop.time()
             outcome = await line.retry(ticket)
+            parked.refreshed = retried
             if outcome.granted is not None:
                 granted = True
                 return outcome.granted
@@ -182,7 +250,9 @@ async def _wait(
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise line.timed_out(outcome)
-            pause = min(remaining, RECHECK_S, outcome.recheck_s or RECHECK_S)
+            # Woken by the store's events (and the sweep's safety wake), or
+            # when a refusal is known to end (a lock delay, a pool's pacing).
+            pause = min(remaining, outcome.recheck_s or remaining)
             await _wait_any((parked.wake, gone, room.closing), max(pause, 0.005))
             if gone.is_set():
                 raise ClientGone()

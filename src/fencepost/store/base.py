@@ -352,6 +352,9 @@ class Store(Protocol):
 
     async def release_lock(self, project: str, key: str, lock_token: str) -> bool: ...
 
+    async def leave_set_line(self, project: str, keys: list[str], ticket: int) -> None:
+        """Give up a lock set's places (one ticket) in the lines of all its keys."""
+
     async def force_release(self, project: str, key: str, by: ForceReleaser) -> ForceReleased:
         """End every lease of the lock (dead or alive: no live lease is left
         behind). Raises Forbidden, changing nothing, when `by` may not end
@@ -433,6 +436,14 @@ class Store(Protocol):
 
     async def get_session(self, project: str, key_id: str, session_id: str) -> SessionView:
         """Raises NotFound."""
+
+    async def keep_waiting(
+        self, lines: dict[tuple[str, str, str], list[int]], alive_ms: int
+    ) -> list[tuple[str, str, str]]:
+        """Refresh waiters' places: the tickets of each line (kind, project,
+        name) last `alive_ms` from now. One operation for the parked waiters
+        of a process; returns the lines it skipped because another
+        transaction was busy with them (tried again later)."""
 
     async def reap(self) -> int:
         """Free every dead lease and slot, record the end of expired sessions, and

@@ -33,23 +33,42 @@ What the operations of one batch share (the fencing counter, gathered records)
 is a `PerBatch` state of the module that owns it; its `finish` writes what was
 gathered, after the last operation and before the commit.
 
+Every operation declares the keys it touches: each lock, pool or API key whose
+state it reads to decide and then writes, as a `Key` (kind, project, name).
+This is the rule that lets batches run concurrently where the database can:
+
+- a batch transaction begins by locking the keys of all its operations, in one
+  fixed (sorted) order, so batches that share no key commit concurrently and
+  batches that share one run one after the other, never deadlocked (SQLite's
+  BEGIN IMMEDIATE locks everything, which satisfies the rule trivially);
+- a writer has several connections (`BatchWriter(connections=...)`), each
+  running one batch at a time; a job whose keys a batch in flight holds waits
+  for that batch (jobs on one key keep their submission order), while jobs on
+  other keys go on through the other connections, so one slow key does not
+  stall the rest;
+- an operation that only learns which keys it touches as it reads (the
+  reaper) declares none and `Tx.claim`s each key before it writes it: a claim
+  never waits, and a key held elsewhere is left for a later pass.
+
 The database specifics live in an Engine: how to connect, how a batch
 transaction begins (SQLite: BEGIN IMMEDIATE; PostgreSQL: BEGIN plus one
-advisory lock that serialises the batches of every replica), which clock
-judges expiry, and how other replicas hear about freed locks.
+transaction advisory lock per key), how tokens are drawn, which clock judges
+expiry, and how other replicas hear about freed locks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import enum
+import hashlib
 import logging
-import queue
+import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Generic, Protocol, TypeVar, cast
+from typing import Any, Callable, ContextManager, Generic, Iterable, Protocol, TypeVar, cast
 
 from fencepost.errors import StoreUnavailable
 from fencepost.events import current_origin
@@ -59,6 +78,35 @@ _log = logging.getLogger(__name__)
 T = TypeVar("T")
 S = TypeVar("S")
 MAX_BATCH = 512
+
+
+# Test hooks (fault injection) are honoured only when this is set to 1.
+TEST_HOOKS_VARIABLE = "FENCEPOST_TEST_HOOKS"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Key:
+    """One thing whose state an operation reads to decide and then writes: a
+    lock, a pool, an API key's quota... (`kind` says which). Operations that
+    touch the same Key are serialised; others may commit concurrently."""
+
+    kind: str
+    project: str
+    name: str
+
+    @property
+    def number(self) -> int:
+        """A signed 64-bit number naming the key (a PostgreSQL advisory lock);
+        the same on every replica. Two keys sharing a number only serialise
+        each other, which is harmless."""
+        digest = hashlib.blake2b(
+            f"{self.kind}\0{self.project}\0{self.name}".encode(), digest_size=8
+        ).digest()
+        return int.from_bytes(digest, "big", signed=True)
+
+
+Keys = tuple[Key, ...]
+NO_KEYS: Keys = ()
 
 
 class Cursor(Protocol):
@@ -79,15 +127,24 @@ class Engine(Protocol):
     # Whether a batch runs in steps, the first statements of its step
     # operations sent in one `pipeline` (see the module docstring).
     pipelines: bool
+    # The database sequence fencing tokens are drawn from, each drawn after the
+    # lock's key is locked (store/sql/fencing.py); None: the counter row, for
+    # a store whose batches are serialised whole.
+    token_sequence: str | None
 
     def fatal(self, exc: BaseException) -> bool: ...
 
     def connect(self) -> Any: ...
 
-    def begin(self, conn: Any, exclusive: bool) -> Callable[[], int]:
-        """Start the batch transaction (`exclusive`: serialised with every other
-        writer; otherwise a read-only snapshot); return the clock (epoch ms) for
-        its operations."""
+    def begin(self, conn: Any, exclusive: bool, keys: list[int]) -> Callable[[], int]:
+        """Start the batch transaction (`exclusive`: a write transaction that
+        holds the `keys` (Key.number, sorted) until it ends, serialised with
+        every other writer holding any of them; otherwise a read-only
+        snapshot); return the clock (epoch ms) for its operations."""
+
+    def claim(self, conn: Any, keys: list[int]) -> list[bool]:
+        """Try to take each of `keys` for the rest of the transaction, without
+        waiting: which ones it now holds."""
 
     def execute(self, conn: Any, sql: str, params: tuple[Any, ...]) -> Cursor: ...
 
@@ -183,6 +240,15 @@ class Tx:
     def execute(self, sql: str, params: tuple[Any, ...] = ()) -> Cursor:
         return self.engine.execute(self.conn, sql, params)
 
+    def claim(self, keys: Iterable[Key]) -> list[Key]:
+        """Those of `keys` this transaction now holds (see the module
+        docstring); the others are busy in another transaction. Never waits."""
+        wanted = sorted(set(keys))
+        if not wanted:
+            return []
+        taken = self.engine.claim(self.conn, [key.number for key in wanted])
+        return [key for key, ok in zip(wanted, taken, strict=True) if ok]
+
 
 @dataclass(slots=True)
 class _Job(Generic[T]):
@@ -191,6 +257,7 @@ class _Job(Generic[T]):
     loop: asyncio.AbstractEventLoop
     steps: bool = False
     origin: Any = None  # the submitting request's (see Tx.origin)
+    keys: Keys = NO_KEYS
 
     def run_whole(self, tx: Tx) -> Any:
         produced = self.fn(tx)
@@ -199,10 +266,83 @@ class _Job(Generic[T]):
 
 # A job, its result (or None) and its error (or None).
 _Outcome = tuple[_Job[Any], Any, BaseException | None]
-_STOP = object()
 # After a failed connection attempt, batches fail at once for this long instead
 # of each waiting for a connect timeout: callers get a fast 503.
 RECONNECT_BACKOFF_S = 0.5
+
+
+class _Jobs:
+    """The jobs waiting for a connection, in submission order, and the keys
+    that the batches in flight hold. A batch takes the waiting jobs in order,
+    passing over each job that touches a key a batch in flight holds (and
+    every later job on that key, so one key's jobs keep their order)."""
+
+    def __init__(self) -> None:
+        self._ready = threading.Condition(threading.Lock())
+        self._waiting: collections.deque[_Job[Any]] = collections.deque()
+        self._held: set[Key] = set()
+        self._stopping = False
+
+    def put(self, job: _Job[Any]) -> None:
+        with self._ready:
+            self._waiting.append(job)
+            self._ready.notify()
+
+    def stop(self) -> None:
+        with self._ready:
+            self._stopping = True
+            self._ready.notify_all()
+
+    def take(self) -> tuple[list[_Job[Any]], set[Key]] | None:
+        """The next batch and the keys it holds, waiting for one; None once
+        stopping and nothing is left."""
+        with self._ready:
+            while True:
+                batch, keys = self._free_jobs()
+                if batch:
+                    self._held |= keys
+                    return batch, keys
+                if self._stopping and not self._waiting:
+                    self._ready.notify_all()
+                    return None
+                self._ready.wait()
+
+    def done(self, keys: set[Key]) -> None:
+        with self._ready:
+            self._held -= keys
+            if self._waiting or self._stopping:
+                self._ready.notify_all()
+
+    def _free_jobs(self) -> tuple[list[_Job[Any]], set[Key]]:
+        batch: list[_Job[Any]] = []
+        keys: set[Key] = set()
+        passed: list[_Job[Any]] = []
+        blocked: set[Key] = set()
+        waiting = self._waiting
+        while waiting and len(batch) < MAX_BATCH:
+            job = waiting.popleft()
+            if any(key in self._held or key in blocked for key in job.keys):
+                passed.append(job)
+                blocked.update(job.keys)
+                continue
+            batch.append(job)
+            keys.update(job.keys)
+        waiting.extendleft(reversed(passed))
+        return batch, keys
+
+
+class _Link:
+    """One connection of a writer, and when it may next try to connect."""
+
+    __slots__ = ("conn", "next_connect")
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.next_connect = 0.0
+
+
+def test_hooks_enabled() -> bool:
+    return os.environ.get(TEST_HOOKS_VARIABLE) == "1"
 
 
 class BatchWriter:
@@ -213,103 +353,115 @@ class BatchWriter:
         name: str = "writer",
         exclusive: bool = True,
         on_failure: Callable[[str], None] | None = None,
+        connections: int = 1,
     ) -> None:
         self._engine = engine
         self._on_failure = on_failure
         self._exclusive = exclusive
         self._publish = publish
         self._name = name
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._conn: Any = None
-        self._next_connect = 0.0
+        self._connections = max(1, connections)
+        self._jobs = _Jobs()
+        self._threads: list[threading.Thread] = []
+        self._hold: Callable[[list[Key]], None] | None = None
         # Told each batch's size, its seconds from begin to commit, and whether it
-        # failed (the metrics); called on the writer thread.
+        # failed (the metrics); called on the writer threads.
         self.observer: Callable[[int, float, bool], None] | None = None
 
     def start(self) -> None:
-        self._conn = self._engine.connect()  # fail here, in the caller, if unreachable
-        self._thread = threading.Thread(
-            target=self._run, name=f"fencepost-{self._name}", daemon=True
-        )
-        self._thread.start()
+        # Fail here, in the caller, if the database is unreachable.
+        links = [_Link(self._engine.connect()) for _ in range(self._connections)]
+        self._jobs = _Jobs()
+        self._threads = [
+            threading.Thread(
+                target=self._run, args=(link,), name=f"fencepost-{self._name}-{i}", daemon=True
+            )
+            for i, link in enumerate(links)
+        ]
+        for thread in self._threads:
+            thread.start()
 
     def stop(self) -> None:
-        if self._thread is not None:
-            self._queue.put(_STOP)
-            self._thread.join(timeout=10)
-            self._thread = None
+        if self._threads:
+            self._jobs.stop()
+            for thread in self._threads:
+                thread.join(timeout=10)
+            self._threads = []
 
-    async def run(self, fn: Callable[[Tx], T]) -> T:
-        """The result of the plain operation `fn`, once its batch has committed."""
-        return cast(T, await self._submit(fn, steps=False))
+    def hold_for_tests(self, hold: Callable[[list[Key]], None] | None) -> None:
+        """Fault injection, for tests only: `hold` is called on the writer
+        thread with each batch's keys once the batch holds them, before its
+        operations run; a test blocks there to keep a key's transaction open.
+        Refused unless FENCEPOST_TEST_HOOKS=1."""
+        if not test_hooks_enabled():
+            raise RuntimeError(f"test hooks are off (set {TEST_HOOKS_VARIABLE}=1)")
+        self._hold = hold
 
-    async def run_steps(self, fn: Callable[[Tx], Step[T]]) -> T:
-        """The result of the step operation `fn`, once its batch has committed."""
-        return cast(T, await self._submit(fn, steps=True))
+    async def run(self, fn: Callable[[Tx], T], keys: Keys) -> T:
+        """The result of the plain operation `fn`, which touches `keys` (NO_KEYS
+        only for an operation that touches no lock, pool or quota, or claims
+        what it touches), once its batch has committed."""
+        return cast(T, await self._submit(fn, False, keys))
 
-    async def _submit(self, fn: Callable[[Tx], Any], steps: bool) -> Any:
-        if self._thread is None:
+    async def run_steps(self, fn: Callable[[Tx], Step[T]], keys: Keys) -> T:
+        """The result of the step operation `fn`, which touches `keys`, once
+        its batch has committed."""
+        return cast(T, await self._submit(fn, True, keys))
+
+    async def _submit(self, fn: Callable[[Tx], Any], steps: bool, keys: Keys) -> Any:
+        if not self._threads:
             raise StoreUnavailable("The store is closed.")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._queue.put(_Job(fn, future, loop, steps, current_origin()))
+        self._jobs.put(_Job(fn, future, loop, steps, current_origin(), keys))
         return await future
 
-    def _run(self) -> None:
+    def _run(self, link: _Link) -> None:
         try:
             while True:
-                first = self._queue.get()
-                if first is _STOP:
+                taken = self._jobs.take()
+                if taken is None:
                     return
-                batch = [first]
-                stopping = False
-                while len(batch) < MAX_BATCH:
-                    try:
-                        item = self._queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    if item is _STOP:
-                        stopping = True
-                        break
-                    batch.append(item)
-                self._run_batch(batch)
-                if stopping:
-                    return
+                batch, keys = taken
+                try:
+                    self._run_batch(link, batch, keys)
+                finally:
+                    self._jobs.done(keys)
         finally:
-            self._close()
+            self._close(link)
 
-    def _close(self) -> None:
-        if self._conn is not None:
+    def _close(self, link: _Link) -> None:
+        if link.conn is not None:
             try:
-                self._conn.close()
+                link.conn.close()
             except Exception:  # noqa: BLE001 - closing a broken connection
                 pass
-            self._conn = None
+            link.conn = None
 
-    def _connection(self) -> Any:
-        if self._conn is None:
-            if time.monotonic() < self._next_connect:
+    def _connection(self, link: _Link) -> Any:
+        if link.conn is None:
+            if time.monotonic() < link.next_connect:
                 raise StoreUnavailable("The store is unreachable; retrying shortly.")
             try:
-                self._conn = self._engine.connect()
+                link.conn = self._engine.connect()
             except self._engine.errors as exc:
-                self._next_connect = time.monotonic() + RECONNECT_BACKOFF_S
+                link.next_connect = time.monotonic() + RECONNECT_BACKOFF_S
                 raise StoreUnavailable(f"The store is unreachable: {exc}.") from exc
-        return self._conn
+        return link.conn
 
-    def _run_batch(self, batch: list[_Job[Any]]) -> None:
+    def _run_batch(self, link: _Link, batch: list[_Job[Any]], keys: set[Key]) -> None:
         started = time.perf_counter()
         failed = False
+        numbers = sorted({key.number for key in keys})
         try:
-            conn = self._connection()
+            conn = self._connection(link)
             # Optimistic first: no savepoints (two statements fewer per
             # operation). Should any operation raise, the batch is rolled back
             # and replayed isolated.
-            done = self._run_in_transaction(conn, batch, isolated=False)
+            done = self._run_in_transaction(conn, batch, keys, numbers, isolated=False)
             if done is None:
                 self._engine.execute(conn, "ROLLBACK", ())
-                done = self._run_in_transaction(conn, batch, isolated=True)
+                done = self._run_in_transaction(conn, batch, keys, numbers, isolated=True)
             assert done is not None
             outcomes, events = done
             self._engine.commit(conn, events if self._exclusive else [])
@@ -317,7 +469,7 @@ class BatchWriter:
             # Nothing of this batch is durable: fail every caller in it.
             if not isinstance(exc, (StoreUnavailable, *self._engine.errors)):
                 _log.exception("a store batch failed unexpectedly")
-            self._abandon()
+            self._abandon(link)
             failure = exc if isinstance(exc, StoreUnavailable) else StoreUnavailable(
                 f"The store failed: {exc}."
             )
@@ -331,12 +483,20 @@ class BatchWriter:
         self._deliver(outcomes, events)
 
     def _run_in_transaction(
-        self, conn: Any, batch: list[_Job[Any]], isolated: bool
+        self,
+        conn: Any,
+        batch: list[_Job[Any]],
+        keys: set[Key],
+        numbers: list[int],
+        isolated: bool,
     ) -> tuple[list[_Outcome], list[Any]] | None:
-        """Begin the batch transaction and run the batch's operations in it, up
-        to (not including) the commit. Unless `isolated`, give up (None, the
-        transaction to be rolled back) at the first operation that raises."""
-        clock = self._engine.begin(conn, self._exclusive)
+        """Begin the batch transaction, holding `keys` (their `numbers`,
+        sorted), and run the batch's operations in it, up to (not including)
+        the commit. Unless `isolated`, give up (None, the transaction to be
+        rolled back) at the first operation that raises."""
+        clock = self._engine.begin(conn, self._exclusive, numbers)
+        if self._hold is not None:
+            self._hold(sorted(keys))
         shared = Batch(isolated=isolated)
         if isolated:
             outcomes, events = self._isolated(conn, batch, clock, shared)
@@ -431,8 +591,8 @@ class BatchWriter:
                 events.extend(tx.events)
         return outcomes, events
 
-    def _abandon(self) -> None:
-        conn = self._conn
+    def _abandon(self, link: _Link) -> None:
+        conn = link.conn
         if conn is None:
             return
         try:
@@ -440,7 +600,7 @@ class BatchWriter:
         except Exception:  # noqa: BLE001 - the connection may be gone
             pass
         if self._engine.broken(conn):
-            self._close()
+            self._close(link)
 
     def _deliver(self, outcomes: list[_Outcome], events: list[Any]) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list[_Outcome]] = {}

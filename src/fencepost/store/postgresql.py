@@ -1,16 +1,19 @@
 """The PostgreSQL store: many server replicas, one database, one truth.
 
-Each replica runs the same batch writer as SQLite over its own connection. A
-batch transaction first takes one transaction-scoped advisory lock, so batches
-from all replicas are serialised exactly as SQLite serialises its writers: the
-read-decide-write of every operation is atomic across the deployment, and no
-two batches can deadlock. The database's clock, read once per batch and
-advanced by the local steady clock (clock.steady_ns) after it, judges every
-expiry, so a replica with a skewed or stepped wall clock never decides
-anything by it.
+Each replica runs the same batch writer as SQLite, over several connections
+(WRITER_CONNECTIONS). A batch transaction first takes one transaction-scoped
+advisory lock per key its operations declared (batch.py), in sorted order, in
+the statement that begins it: the read-decide-write of every operation on a
+lock or pool is atomic across the deployment, batches on different keys commit
+concurrently (from one replica's connections and from every replica), and no
+two batches can deadlock. Fencing tokens come from a sequence drawn while the
+lock's key is held (store/sql/fencing.py). The database's clock, read once per
+batch and advanced by the local steady clock (clock.steady_ns) after it,
+judges every expiry, so a replica with a skewed or stepped wall clock never
+decides anything by it.
 
-Replicas hear about freed locks and slots through LISTEN/NOTIFY; waiters also
-re-check every second in case a notification is lost.
+Replicas hear about freed locks and slots through LISTEN/NOTIFY; the waiting
+module sweeps its lines now and then in case a notification is lost.
 """
 
 from __future__ import annotations
@@ -38,8 +41,12 @@ from fencepost.store.sql_store import DEFAULT_READERS, SqlStore
 _log = logging.getLogger(__name__)
 
 CHANNEL = "fencepost_freed"
-# Any constant works: it only has to be the same on every replica.
-BATCH_LOCK_KEY = 0x0FE4CE_0057
+# Batches in flight per replica: enough that a key held by a slow transaction
+# (another replica's, or a long lock wait) leaves the others moving, few
+# enough that the database's sessions stay cheap.
+WRITER_CONNECTIONS = 3
+# The sequence fencing tokens are drawn from (migration 0012).
+TOKEN_SEQUENCE = "fencing_tokens"
 CONNECT_TIMEOUT_S = 2
 # Nothing may wait on the database for long: a stuck statement fails the batch (503).
 SESSION_OPTIONS = (
@@ -54,12 +61,24 @@ SESSION_OPTIONS = (
 _UNUSABLE_CLASSES = {"08", "53", "57", "58", "XX"}
 _READ_ONLY_TRANSACTION = "25006"
 _CLOCK = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
-# Without parameters psycopg sends the simple protocol, which carries two
-# statements in one round trip; the key is a constant of ours, not input.
-_BEGIN_WRITE = (
-    f"BEGIN; {_CLOCK} FROM (SELECT pg_advisory_xact_lock({BATCH_LOCK_KEY:d})) AS serialised"
-)
 _BEGIN_READ = f"BEGIN READ ONLY; {_CLOCK}"
+_BEGIN_UNKEYED = f"BEGIN; {_CLOCK}"
+
+
+def _begin_write(keys: list[int]) -> str:
+    """BEGIN, then each key's advisory lock in the order given (sorted, so no
+    two batches wait for each other in a cycle), then the clock, in one round
+    trip: without parameters psycopg sends the simple protocol, which carries
+    several statements. The keys are integers of ours, not input text."""
+    if not keys:
+        return _BEGIN_UNKEYED
+    # unnest yields the array in order, and the aggregate takes the locks row
+    # by row in that order.
+    listed = ",".join(str(int(key)) for key in keys)
+    return (
+        f"BEGIN; {_CLOCK} FROM (SELECT count(pg_advisory_xact_lock(k)) "
+        f"FROM unnest('{{{listed}}}'::bigint[]) AS k) AS held"
+    )
 
 
 @lru_cache(maxsize=512)
@@ -121,6 +140,7 @@ def _pipelined(conn: _Connection) -> Iterator[None]:
 class PostgresEngine:
     errors: tuple[type[BaseException], ...] = (psycopg.Error,)
     pipelines = True
+    token_sequence: str | None = TOKEN_SEQUENCE
 
     def __init__(
         self, url: str, clock_ms: Callable[[], int] | None, application_name: str
@@ -143,8 +163,8 @@ class PostgresEngine:
         conn.pipe = None
         return conn
 
-    def begin(self, conn: _Connection, exclusive: bool) -> Callable[[], int]:
-        cur = conn.statements.execute(_BEGIN_WRITE if exclusive else _BEGIN_READ)
+    def begin(self, conn: _Connection, exclusive: bool, keys: list[int]) -> Callable[[], int]:
+        cur = conn.statements.execute(_begin_write(keys) if exclusive else _BEGIN_READ)
         cur.nextset()  # past BEGIN's result to the clock's
         row = cur.fetchone()
         assert row is not None
@@ -154,6 +174,12 @@ class PostgresEngine:
         if self.clock_ms is not None:  # a test drives time
             return self.clock_ms
         return lambda: db_ms + (steady_ns() - started) // 1_000_000
+
+    def claim(self, conn: _Connection, keys: list[int]) -> list[bool]:
+        rows = conn.statements.execute(
+            "SELECT pg_try_advisory_xact_lock(k) FROM unnest(%s::bigint[]) AS k", (keys,)
+        ).fetchall()
+        return [bool(taken) for (taken,) in rows]
 
     def execute(self, conn: _Connection, sql: str, params: tuple[Any, ...]) -> Cursor:
         if conn.pipe is not None:
@@ -251,13 +277,14 @@ class PostgresStore(SqlStore):
     url_scheme = "postgresql"
 
     def __init__(
-        self, url: str, clock_ms: Callable[[], int] | None = None, readers: int = DEFAULT_READERS
+        self, url: str, clock_ms: Callable[[], int] | None = None,
+        readers: int = DEFAULT_READERS, writers: int = WRITER_CONNECTIONS,
     ) -> None:
         self.url = url
         sessions = DatabaseSessions()
         self._engine = PostgresEngine(url, clock_ms, sessions.application_name)
         self._listener: _Listener | None = None
-        super().__init__(self._engine, sessions, readers)
+        super().__init__(self._engine, sessions, readers, writers)
 
     async def open(self) -> None:
         loop = asyncio.get_running_loop()

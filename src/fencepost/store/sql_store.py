@@ -38,13 +38,14 @@ from fencepost.store.base import (
     SlotHolderView,
     SlotReport,
 )
-from fencepost.store.batch import BatchWriter, Engine, Tx
+from fencepost.store.batch import NO_KEYS, BatchWriter, Engine, Key, Keys, Tx
 from fencepost.store.health import WriteHealth, probe_writes
 from fencepost.store.sql import (
     census,
     ended,
     fencing,
     keys,
+    lines,
     locks,
     pools,
     sessions,
@@ -72,13 +73,21 @@ REAP_BOUND = 1_000
 
 
 DEFAULT_READERS = 2
+# Key management (create, refresh, revoke, bootstrap) is rare, and a refresh
+# must not slip past a revocation of its parent: all of it is one key.
+_KEY_MANAGEMENT: Keys = (Key("api_keys", "", ""),)
+
+
+def _quota_of(key_id: str) -> Keys:
+    return (Key("quota", "", key_id),)
 
 
 class SqlStore:
     url_scheme = "sql"
 
     def __init__(
-        self, engine: Engine, liveness: Liveness, readers: int = DEFAULT_READERS
+        self, engine: Engine, liveness: Liveness, readers: int = DEFAULT_READERS,
+        writers: int = 1,
     ) -> None:
         # Which replica this process is, stamped on its waiter rows, and how
         # the backend tells which replicas died (see sql/replicas.py).
@@ -86,7 +95,11 @@ class SqlStore:
         self._listeners: list[FreedListener] = []
         self._event_listeners: list[EventListener] = []
         self.health = WriteHealth()
-        self._writer = BatchWriter(engine, self._publish, on_failure=self.health.failed)
+        # `writers` connections, each running one batch at a time; batches on
+        # different keys run concurrently (see batch.py).
+        self._writer = BatchWriter(
+            engine, self._publish, on_failure=self.health.failed, connections=writers
+        )
         # Reads run on their own connections, so a GET never queues behind a
         # write batch (nor, on PostgreSQL, behind other replicas' batches).
         self._readers = [
@@ -95,7 +108,7 @@ class SqlStore:
         ]
         self._next_reader = itertools.cycle(self._readers or [self._writer])
         self._pepper = b""
-        self._known = KnownLeases()  # the writer thread's alone
+        self._known = KnownLeases()  # shared by the writer's threads
         self._last_prune_ms = 0
         # While set, pruning the memory of ended leases older than this goes on
         # pass after pass until it is done.
@@ -104,16 +117,17 @@ class SqlStore:
         self.reap_bound = REAP_BOUND
 
     def _read(self, fn: Callable[[Tx], T]) -> Awaitable[T]:
-        return next(self._next_reader).run(fn)
+        return next(self._next_reader).run(fn, NO_KEYS)  # a read-only snapshot holds nothing
 
     # --- lifecycle (backends extend open/close) ----------------------------
     async def _start(self) -> None:
         self._writer.start()
         for reader in self._readers:
             reader.start()
-        self._pepper = (await self._writer.run(keys.load_pepper)).encode()
-        await self._writer.run(self._liveness.register)
-        await self._writer.run(fencing.floor_at_clock)
+        self._pepper = (await self._writer.run(keys.load_pepper, _KEY_MANAGEMENT)).encode()
+        # This replica's own row, and the sequence or counter in one statement.
+        await self._writer.run(self._liveness.register, NO_KEYS)
+        await self._writer.run(fencing.floor_at_clock, NO_KEYS)
 
     def _place(self, alive_ms: int) -> Place:
         return Place(self._liveness.replica, alive_ms)
@@ -166,15 +180,19 @@ class SqlStore:
 
     # --- projects and keys -------------------------------------------------
     async def bootstrap(self, secret: str | None) -> str | None:
-        return await self._writer.run(lambda tx: keys.bootstrap(tx, self._pepper, secret))
+        return await self._writer.run(
+            lambda tx: keys.bootstrap(tx, self._pepper, secret), _KEY_MANAGEMENT
+        )
 
     async def create_project(self, name: str) -> str:
-        return await self._writer.run(lambda tx: keys.create_project(tx, self._pepper, name))
+        return await self._writer.run(
+            lambda tx: keys.create_project(tx, self._pepper, name), _KEY_MANAGEMENT
+        )
 
     async def create_key(self, project: str, new: NewKey) -> tuple[KeyRecord, str]:
         secret = new_secret()
         record = await self._writer.run(
-            lambda tx: keys.insert_key(tx, self._pepper, project, new, secret)
+            lambda tx: keys.insert_key(tx, self._pepper, project, new, secret), _KEY_MANAGEMENT
         )
         return record, secret
 
@@ -182,12 +200,15 @@ class SqlStore:
         return await self._read(lambda tx: keys.list_keys(tx, project))
 
     async def revoke_key(self, project: str, key_id: str) -> bool:
-        return await self._writer.run(lambda tx: keys.revoke_key(tx, project, key_id))
+        return await self._writer.run(
+            lambda tx: keys.revoke_key(tx, project, key_id), _KEY_MANAGEMENT
+        )
 
     async def refresh_key(self, key_id: str, expires_in_ms: int | None) -> tuple[KeyRecord, str]:
         secret = new_secret()
         record = await self._writer.run(
-            lambda tx: keys.refresh_key(tx, self._pepper, key_id, expires_in_ms, secret)
+            lambda tx: keys.refresh_key(tx, self._pepper, key_id, expires_in_ms, secret),
+            _KEY_MANAGEMENT,
         )
         return record, secret
 
@@ -196,7 +217,9 @@ class SqlStore:
         return await self._read(lambda tx: keys.find_key(tx, wanted))
 
     async def admit_request(self, key_id: str, per_minute: int) -> int | None:
-        return await self._writer.run(lambda tx: keys.admit_request(tx, key_id, per_minute))
+        return await self._writer.run(
+            lambda tx: keys.admit_request(tx, key_id, per_minute), _quota_of(key_id)
+        )
 
     # --- locks ---------------------------------------------------------------
     async def acquire_lock(
@@ -205,10 +228,12 @@ class SqlStore:
         place = None if wait_alive_ms is None else self._place(wait_alive_ms)
         if request.session_id is not None:
             return await self._writer.run(
-                lambda tx: locks.acquire_attached(tx, self._known, project, key, request, place)
+                lambda tx: locks.acquire_attached(tx, self._known, project, key, request, place),
+                locks.key_of(project, key) + sessions.key_of(project, request.session_id),
             )
         return await self._writer.run_steps(
-            lambda tx: locks.acquire(tx, self._known, project, key, request, place)
+            lambda tx: locks.acquire(tx, self._known, project, key, request, place),
+            locks.key_of(project, key),
         )
 
     async def retry_waiter(
@@ -216,7 +241,8 @@ class SqlStore:
     ) -> AcquireResult:
         place = self._place(alive_ms)
         return await self._writer.run(
-            lambda tx: locks.retry_waiter(tx, self._known, project, key, request, ticket, place)
+            lambda tx: locks.retry_waiter(tx, self._known, project, key, request, ticket, place),
+            locks.key_of(project, key) + sessions.key_of(project, request.session_id),
         )
 
     async def acquire_lock_set(
@@ -225,7 +251,8 @@ class SqlStore:
     ) -> SetAttempt:
         place = None if wait_alive_ms is None else self._place(wait_alive_ms)
         return await self._writer.run(
-            lambda tx: locks.acquire_set(tx, self._known, project, keys, request, place)
+            lambda tx: locks.acquire_set(tx, self._known, project, keys, request, place),
+            locks.keys_of(project, keys) + sessions.key_of(project, request.session_id),
         )
 
     async def retry_set_waiter(
@@ -236,27 +263,38 @@ class SqlStore:
         return await self._writer.run(
             lambda tx: locks.retry_set_waiter(
                 tx, self._known, project, keys, request, ticket, place
-            )
+            ),
+            locks.keys_of(project, keys) + sessions.key_of(project, request.session_id),
         )
 
     async def leave_line(self, project: str, key: str, ticket: int) -> None:
         # Tickets are unique across locks (a set's one ticket names its places
         # in every line), so the ticket alone says which places to give up.
-        await self._writer.run(lambda tx: locks.leave_line(tx, ticket))
+        await self._writer.run(
+            lambda tx: locks.leave_line(tx, ticket), locks.key_of(project, key)
+        )
+
+    async def leave_set_line(self, project: str, keys: list[str], ticket: int) -> None:
+        await self._writer.run(
+            lambda tx: locks.leave_line(tx, ticket), locks.keys_of(project, keys)
+        )
 
     async def renew_lock(self, project: str, key: str, lock_token: str, ttl_seconds: int) -> Lease:
         return await self._writer.run_steps(
-            lambda tx: locks.renew(tx, self._known, project, key, lock_token, ttl_seconds)
+            lambda tx: locks.renew(tx, self._known, project, key, lock_token, ttl_seconds),
+            locks.key_of(project, key),
         )
 
     async def release_lock(self, project: str, key: str, lock_token: str) -> bool:
         return await self._writer.run_steps(
-            lambda tx: locks.release(tx, self._known, project, key, lock_token)
+            lambda tx: locks.release(tx, self._known, project, key, lock_token),
+            locks.key_of(project, key),
         )
 
     async def force_release(self, project: str, key: str, by: ForceReleaser) -> ForceReleased:
         return await self._writer.run(
-            lambda tx: locks.force_release(tx, self._known, project, key, by)
+            lambda tx: locks.force_release(tx, self._known, project, key, by),
+            locks.key_of(project, key),
         )
 
     async def get_lock(self, project: str, key: str) -> LockView:
@@ -272,7 +310,9 @@ class SqlStore:
 
     # --- pools ---------------------------------------------------------------
     async def put_pool(self, project: str, name: str, config: PoolConfig) -> tuple[PoolView, bool]:
-        return await self._writer.run(lambda tx: pools.put(tx, project, name, config))
+        return await self._writer.run(
+            lambda tx: pools.put(tx, project, name, config), pools.key_of(project, name)
+        )
 
     async def get_pool(self, project: str, name: str) -> PoolView | None:
         return await self._read(lambda tx: pools.view(tx, project, name))
@@ -283,7 +323,9 @@ class SqlStore:
         return await self._read(lambda tx: pools.list_views(tx, project, prefix, after, limit))
 
     async def delete_pool(self, project: str, name: str) -> bool:
-        return await self._writer.run(lambda tx: pools.delete(tx, project, name))
+        return await self._writer.run(
+            lambda tx: pools.delete(tx, project, name), pools.key_of(project, name)
+        )
 
     async def acquire_slot(
         self, project: str, pool: str, *, wait_alive_ms: int | None, key_id: str | None = None,
@@ -293,7 +335,8 @@ class SqlStore:
         return await self._writer.run(
             lambda tx: _attached_slot(
                 tx, project, key_id, session_id, lambda: pools.acquire(tx, project, pool, place)
-            )
+            ),
+            pools.key_of(project, pool) + sessions.key_of(project, session_id),
         )
 
     async def retry_slot_waiter(
@@ -305,32 +348,66 @@ class SqlStore:
             lambda tx: _attached_slot(
                 tx, project, key_id, session_id,
                 lambda: pools.retry_waiter(tx, project, pool, ticket, place),
-            )
+            ),
+            pools.key_of(project, pool) + sessions.key_of(project, session_id),
         )
 
     async def list_slots(self, project: str, pool: str) -> list[SlotHolderView]:
         return await self._read(lambda tx: slot_holders.list_slots(tx, project, pool))
 
     async def leave_slot_line(self, project: str, pool: str, ticket: int) -> None:
-        await self._writer.run(lambda tx: pools.leave_line(tx, project, pool, ticket))
+        await self._writer.run(
+            lambda tx: pools.leave_line(tx, project, pool, ticket), pools.key_of(project, pool)
+        )
 
     async def renew_slot(self, project: str, pool: str, slot_id: str) -> Slot:
-        return await self._writer.run(lambda tx: pools.renew(tx, project, pool, slot_id))
+        return await self._writer.run(
+            lambda tx: pools.renew(tx, project, pool, slot_id), pools.key_of(project, pool)
+        )
 
     async def release_slot(
         self, project: str, pool: str, slot_id: str, report: SlotReport | None
     ) -> bool:
         return await self._writer.run(
-            lambda tx: pools.release(tx, project, pool, slot_id, report)
+            lambda tx: pools.release(tx, project, pool, slot_id, report),
+            pools.key_of(project, pool),
         )
 
     # --- sessions ------------------------------------------------------------------
     async def create_session(
         self, project: str, key_id: str, ttl_seconds: int, name: str | None
     ) -> Session:
+        # No keys: the new row's id is drawn inside, and nobody knows it yet.
         return await self._writer.run(
-            lambda tx: sessions.create(tx, project, key_id, ttl_seconds, name)
+            lambda tx: sessions.create(tx, project, key_id, ttl_seconds, name), NO_KEYS
         )
+
+    async def _with_attached(
+        self, project: str, key_id: str, session_id: str, fn: Callable[[Tx], T]
+    ) -> T:
+        """Run `fn`, which moves or ends what is attached to the session, with
+        the session's key and the key of every lock and pool attached to it
+        declared (see batch.py). They are read first; attaching declares the
+        session's key too, so once the batch holds it nothing new attaches, and
+        a lease or slot attached between the read and the batch makes it read
+        again."""
+        while True:
+            attached = await self._read(
+                lambda tx: sessions.attached_keys(tx, project, session_id)
+            )
+            declared = set(attached)
+
+            def op(tx: Tx, declared: set[Key] = declared) -> T:
+                if not set(sessions.attached_keys(tx, project, session_id)) <= declared:
+                    raise _AttachedMoved
+                return fn(tx)
+
+            try:
+                return await self._writer.run(
+                    op, sessions.key_of(project, session_id) + tuple(sorted(declared))
+                )
+            except _AttachedMoved:
+                continue
 
     async def renew_session(
         self, project: str, key_id: str, session_id: str, ttl_seconds: int
@@ -343,7 +420,7 @@ class SqlStore:
             pools.follow_session(tx, session_id, renewed.expires_ms)
             return renewed
 
-        return await self._writer.run(op)
+        return await self._with_attached(project, key_id, session_id, op)
 
     async def end_session(self, project: str, key_id: str, session_id: str) -> SessionEnded:
         def op(tx: Tx) -> SessionEnded:
@@ -356,7 +433,7 @@ class SqlStore:
             ))
             return SessionEnded(True, leases, slots)
 
-        return await self._writer.run(op)
+        return await self._with_attached(project, key_id, session_id, op)
 
     async def get_session(self, project: str, key_id: str, session_id: str) -> SessionView:
         def op(tx: Tx) -> SessionView:
@@ -369,6 +446,12 @@ class SqlStore:
         return await self._read(op)
 
     # --- background ------------------------------------------------------------
+    async def keep_waiting(
+        self, waiting: dict[tuple[str, str, str], list[int]], alive_ms: int
+    ) -> list[tuple[str, str, str]]:
+        # No keys declared: it claims each line (see sql/lines.py).
+        return await self._writer.run(lambda tx: lines.keep(tx, waiting, alive_ms), NO_KEYS)
+
     async def reap(self) -> int:
         freed = 0
         while True:
@@ -410,10 +493,16 @@ class SqlStore:
             more = more_sessions or more_locks or more_slots or more_memory
             return leases + slots, more
 
-        reaped, more = await self._writer.run(op)
+        # No keys declared: the reaper claims what it ends (see sql/bounded.py).
+        reaped, more = await self._writer.run(op, NO_KEYS)
         if probed is not None:  # it committed: writes work (again)
             self.health.succeeded(probed)
         return reaped, more
+
+
+class _AttachedMoved(Exception):
+    """A lease or slot was attached to a session between the read of its keys
+    and the batch that moves or ends them: read them again."""
 
 
 def _attached_slot(

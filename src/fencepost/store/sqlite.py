@@ -36,6 +36,8 @@ class SqliteEngine:
     # Statements are in-process calls: no round trip to save by stepping a
     # batch's operations together, so each runs whole, in turn.
     pipelines = False
+    # Batches are serialised whole (BEGIN IMMEDIATE): the counter row is enough.
+    token_sequence: str | None = None
 
     def __init__(
         self, path: str, clock_ms: Callable[[], int], peers: LocalPeers | None = None
@@ -57,15 +59,21 @@ class SqliteEngine:
         conn.execute("PRAGMA foreign_keys=ON")
         return conn
 
-    def begin(self, conn: sqlite3.Connection, exclusive: bool) -> Callable[[], int]:
+    def begin(
+        self, conn: sqlite3.Connection, exclusive: bool, keys: list[int]
+    ) -> Callable[[], int]:
         # IMMEDIATE takes the write lock now, so a `fencepost project create`
         # in another process waits instead of failing mid-batch. Readers take a
-        # WAL snapshot and never block the writer.
+        # WAL snapshot and never block the writer. The write lock covers every
+        # key (one writer at a time), so `keys` need no lock of their own.
         self._refuse_if_lost()
         if exclusive:
             self.turn.take()  # among this file's server processes (see writer_turn.py)
         conn.execute("BEGIN IMMEDIATE" if exclusive else "BEGIN")
         return self.clock_ms
+
+    def claim(self, conn: sqlite3.Connection, keys: list[int]) -> list[bool]:
+        return [True] * len(keys)  # the batch holds the whole database already
 
     def execute(self, conn: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> Cursor:
         if sql == "ROLLBACK":  # a batch given up or replayed (batch.py): the turn passes on

@@ -230,7 +230,7 @@ class _LockSetLine:
         return _outcome(result.outcome, result.ticket)
 
     async def leave(self, ticket: int) -> None:
-        await self._store.leave_line(self._project, self._keys[0], ticket)
+        await self._store.leave_set_line(self._project, list(self._keys), ticket)
 
     async def hand_back(self, granted: SetGranted) -> None:
         if granted.created:

@@ -181,7 +181,7 @@ def _outcome(result: SlotAttempt) -> Outcome[SlotAttempt]:
     if result.slot is not None:
         return Outcome(result)
     # Re-check when the refusal is known to end (a probe of a pause, the next
-    # paced turn, a slot's hard cap), without waiting for the periodic re-check.
+    # paced turn, a slot's hard cap), without waiting for a wake-up.
     recheck = None if result.retry_after_ms is None else result.retry_after_ms / 1000
     return Outcome(None, result.ticket, _too_many(result), recheck)
 

@@ -11,6 +11,7 @@ so a lease is remembered by its lock token.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 
 from fencepost.core.leases import Lease
@@ -19,21 +20,25 @@ DEFAULT_CAPACITY = 4096
 
 
 class KnownLeases:
-    """Used by the writer thread only."""
+    """Shared by the writer's threads (one per connection), hence the lock."""
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         self._capacity = capacity
         self._leases: OrderedDict[tuple[str, str, str], Lease] = OrderedDict()
+        self._lock = threading.Lock()
 
     def get(self, project: str, key: str, lock_token: str) -> Lease | None:
-        return self._leases.get((project, key, lock_token))
+        with self._lock:
+            return self._leases.get((project, key, lock_token))
 
     def put(self, project: str, lease: Lease) -> None:
         where = (project, lease.key, lease.lock_token)
-        self._leases[where] = lease
-        self._leases.move_to_end(where)
-        if len(self._leases) > self._capacity:
-            self._leases.popitem(last=False)
+        with self._lock:
+            self._leases[where] = lease
+            self._leases.move_to_end(where)
+            if len(self._leases) > self._capacity:
+                self._leases.popitem(last=False)
 
     def forget(self, project: str, lease: Lease) -> None:
-        self._leases.pop((project, lease.key, lease.lock_token), None)
+        with self._lock:
+            self._leases.pop((project, lease.key, lease.lock_token), None)

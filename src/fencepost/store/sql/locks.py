@@ -1,10 +1,13 @@
 """Lock and lease statements (portable SQL, `?` placeholders). Each function runs
-inside the batch transaction; the batch's serialisation (BEGIN IMMEDIATE on
-SQLite, one advisory lock on PostgreSQL) makes read-decide-write atomic."""
+inside the batch transaction, whose operation declared the lock's key
+(`key_of`): holding it (BEGIN IMMEDIATE on SQLite, the key's advisory lock on
+PostgreSQL) makes read-decide-write atomic. The reaper, which finds its locks as
+it reads, claims each key before it writes (batch.py)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import lru_cache
 from typing import Any, NamedTuple, Sequence
 
 from fencepost.core import leases as rules
@@ -33,9 +36,9 @@ from fencepost.store.base import (
     WaiterView,
     lock_freed,
 )
-from fencepost.store.batch import UNDECIDED, Cursor, Step, Tx, Undecided
+from fencepost.store.batch import UNDECIDED, Cursor, Key, Keys, Step, Tx, Undecided
 from fencepost.store.sql import ended, fencing, sessions
-from fencepost.store.sql.bounded import delete_oldest
+from fencepost.store.sql.bounded import delete_oldest_claimed
 from fencepost.store.sql.known_leases import KnownLeases
 from fencepost.store.sql.replicas import Place
 from fencepost.store.sql.rows import columns, width
@@ -68,18 +71,38 @@ _LEASE_VALUES = (
     "project, key, lock_token, fencing_token, acquired_ms, expires_ms, deadline_ms, dies_ms, "
     "operation, metadata, on_expiry, key_id, lock_delay_ms, mode, session_id"
 )
-_LEASE_PLACES = ", ".join("?" * len(_LEASE_VALUES.split(", ")))
+KIND = "lock"
+
+
+def key_of(project: str, key: str) -> Keys:
+    """The keys an operation on one lock touches (see batch.py)."""
+    return (Key(KIND, project, key),)
+
+
+def keys_of(project: str, keys: Sequence[str]) -> Keys:
+    """The keys an operation on a lock set touches: every lock of the set."""
+    return tuple(Key(KIND, project, key) for key in keys)
+
+
+def _lease_places(token_sql: str | None) -> str:
+    """The placeholders of a lease's values; the fencing token's (4th) is
+    `token_sql` when the statement draws the token itself (a sequence)."""
+    places = ["?"] * len(_LEASE_VALUES.split(", "))
+    if token_sql is not None:
+        places[3] = token_sql
+    return ", ".join(places)
+
+
 _FREE_LINE_AND_NO_DELAY = (
     "NOT EXISTS (SELECT 1 FROM lock_waiters WHERE project = ? AND key = ? AND alive_until_ms > ?) "
     "AND NOT EXISTS (SELECT 1 FROM lock_delays WHERE project = ? AND key = ? AND until_ms > ?)"
 )
 # The hot path: an exclusive lease is written only in the state the rules were
 # asked about: no lease row of the lock (not even a dead one), no live waiter
-# and no lock delay running. Otherwise nothing is written. Batches are
-# serialised (BEGIN IMMEDIATE; one advisory lock on PostgreSQL), so the
-# NOT EXISTS tests and the insert are one atomic decision.
-_INSERT_IF_FREE = (
-    f"INSERT INTO locks ({_LEASE_VALUES}) SELECT {_LEASE_PLACES} "
+# and no lock delay running. Otherwise nothing is written. The batch holds the
+# lock's key (BEGIN IMMEDIATE; its advisory lock on PostgreSQL), so the NOT
+# EXISTS tests and the insert are one atomic decision.
+_IF_FREE = (
     f"WHERE {_FREE_LINE_AND_NO_DELAY} "
     "AND NOT EXISTS (SELECT 1 FROM locks WHERE project = ? AND key = ?) "
     "ON CONFLICT (project, key, lock_token) DO NOTHING"
@@ -87,13 +110,23 @@ _INSERT_IF_FREE = (
 # A shared lease joins live shared ones (SPEC §3.6) under the same conditions,
 # except that only exclusive or dead rows (a dead one may start a lock delay)
 # send it to the general path.
-_INSERT_IF_SHARABLE = (
-    f"INSERT INTO locks ({_LEASE_VALUES}) SELECT {_LEASE_PLACES} "
+_IF_SHARABLE = (
     f"WHERE {_FREE_LINE_AND_NO_DELAY} "
     "AND NOT EXISTS (SELECT 1 FROM locks WHERE project = ? AND key = ? "
     "AND (mode <> 'shared' OR dies_ms <= ?)) "
     "ON CONFLICT (project, key, lock_token) DO NOTHING"
 )
+
+
+@lru_cache(maxsize=8)
+def _insert_if(condition: str, token_sql: str | None) -> str:
+    """The guarded insert of a lease; with `token_sql` it draws the fencing
+    token itself, only if it inserts, and returns it."""
+    returning = "" if token_sql is None else " RETURNING fencing_token"
+    return (
+        f"INSERT INTO locks ({_LEASE_VALUES}) SELECT {_lease_places(token_sql)} "
+        f"{condition}{returning}"
+    )
 _LEASES_OF = f"SELECT {_LEASE_COLUMNS} FROM locks WHERE project = ? AND key = ?"
 # The live waiters ahead of a ticket, how many of them are exclusive, and the
 # lock's recorded lock delay, in one statement (an aggregate: always one row).
@@ -226,7 +259,7 @@ def _settle(
             if not rules.is_live(dead, tx.now_ms):
                 known.forget(project, dead)
                 end_lease(tx, project, dead, rules.dead_reason(dead))
-        tx.execute(f"INSERT INTO locks ({_LEASE_VALUES}) VALUES ({_LEASE_PLACES})",
+        tx.execute(f"INSERT INTO locks ({_LEASE_VALUES}) VALUES ({_lease_places(None)})",
                    _lease_values(project, lease))
         known.put(project, lease)
         report_grant(tx, project, lease)
@@ -294,24 +327,33 @@ def acquire(
     (the rules decide for a free lock with an empty line, and the insert
     happens only if that is what the lock is), then, if it was not, the
     general case."""
+    token_sql = fencing.drawn_by_statement(tx)
     guess = rules.decide_acquire(
         key, (), request, tx.now_ms, waiters_ahead=0,
-        next_fencing_token=lambda: fencing.take(tx),
+        next_fencing_token=(lambda: 0) if token_sql else (lambda: fencing.take(tx)),
     )
     assert isinstance(guess, Granted)
+    values = _lease_values(project, guess.lease)
+    if token_sql is not None:  # the token is drawn by the insert, only if it inserts
+        values = (*values[:3], *values[4:])
     free = (project, key, tx.now_ms, project, key, tx.now_ms, project, key)
     if request.mode is Mode.SHARED:
-        sent = tx.execute(
-            _INSERT_IF_SHARABLE, (*_lease_values(project, guess.lease), *free, tx.now_ms)
-        )
+        sent = tx.execute(_insert_if(_IF_SHARABLE, token_sql), (*values, *free, tx.now_ms))
     else:
-        sent = tx.execute(_INSERT_IF_FREE, (*_lease_values(project, guess.lease), *free))
+        sent = tx.execute(_insert_if(_IF_FREE, token_sql), (*values, *free))
 
     def answer() -> AcquireResult | Undecided:
-        if sent.rowcount:
-            known.put(project, guess.lease)
-            report_grant(tx, project, guess.lease)
-            return AcquireResult(guess)
+        if token_sql is None:
+            granted = guess if sent.rowcount else None
+        else:
+            row = sent.fetchone()
+            granted = None if row is None else Granted(
+                replace(guess.lease, fencing_token=int(row[0])), created=True
+            )
+        if granted is not None:
+            known.put(project, granted.lease)
+            report_grant(tx, project, granted.lease)
+            return AcquireResult(granted)
         fencing.give_back(tx, guess.lease.fencing_token)
         return UNDECIDED
 
@@ -666,10 +708,10 @@ def reap(tx: Tx, known: KnownLeases, bound: int) -> tuple[int, bool]:
     return how many leases were freed, and whether a bound was reached (more
     may be left for the next pass).
 
-    Contract: deletes only leases that are dead now; running it twice, or on
-    two servers at once, frees nothing twice."""
-    dead, more = delete_oldest(
-        tx, "locks", "project, key, lock_token", "dies_ms", tx.now_ms, bound,
+    Contract: deletes only leases that are dead now, of locks whose key it
+    claimed; running it twice, or on two servers at once, frees nothing twice."""
+    dead, more = delete_oldest_claimed(
+        tx, KIND, "locks", "project, key, lock_token", "key", "dies_ms", tx.now_ms, bound,
         f"{_LEASE_COLUMNS}, project",
     )
     for row in dead:
@@ -684,14 +726,16 @@ def reap(tx: Tx, known: KnownLeases, bound: int) -> tuple[int, bool]:
         start_delay(tx, project, lease, reason)
         tx.events.append(lock_freed(project, lease.key))
     # Locks whose delay is over: their lines may go now (SPEC §3.9).
-    delays_over, more_delays = delete_oldest(
-        tx, "lock_delays", "project, key", "until_ms", tx.now_ms, bound, "project, key"
+    delays_over, more_delays = delete_oldest_claimed(
+        tx, KIND, "lock_delays", "project, key", "key", "until_ms", tx.now_ms, bound,
+        "project, key",
     )
     for project, key in delays_over:
         tx.events.append(lock_freed(project, key))
     # A lock set's places share a ticket: a waiter row is (ticket, key).
-    gone, more_waiters = delete_oldest(
-        tx, "lock_waiters", "ticket, key", "alive_until_ms", tx.now_ms, bound, "project, key"
+    gone, more_waiters = delete_oldest_claimed(
+        tx, KIND, "lock_waiters", "ticket, key", "key", "alive_until_ms", tx.now_ms, bound,
+        "project, key",
     )
     for project, key in {(p, k) for p, k in gone}:
         tx.events.append(lock_freed(project, key))

@@ -1,5 +1,7 @@
 """Pool and slot statements (portable SQL, `?` placeholders); each runs inside
-the batch transaction (see batch.py), which makes count-then-admit atomic."""
+the batch transaction of an operation that declared the pool's key (`key_of`,
+see batch.py): holding it makes count-then-admit atomic, and admissions to
+different pools commit concurrently."""
 
 from __future__ import annotations
 
@@ -15,10 +17,17 @@ from fencepost.core.slots import PoolConfig, Slot
 from fencepost.errors import NotFound
 from fencepost.events import Ended, Granted, PoolChanged
 from fencepost.store.base import PoolStats, PoolView, SlotAttempt, SlotReport, pool_freed
-from fencepost.store.batch import Tx
-from fencepost.store.sql.bounded import delete_oldest
+from fencepost.store.batch import Key, Keys, Tx
+from fencepost.store.sql.bounded import delete_oldest_claimed
 from fencepost.store.sql.replicas import Place
 from fencepost.store.sql.rows import columns, width
+
+KIND = "pool"
+
+
+def key_of(project: str, pool: str) -> Keys:
+    """The keys an operation on one pool (or its slots) touches."""
+    return (Key(KIND, project, pool),)
 
 
 class _ConfigRow(NamedTuple):
@@ -568,8 +577,8 @@ def reap(tx: Tx, bound: int) -> tuple[int, bool]:
     """Reclaim slots past their lease deadline and drop dead waiters, at most
     `bound` of each; return how many slots were reclaimed, and whether a bound
     was reached (more may be left for the next pass)."""
-    dead, more = delete_oldest(
-        tx, "slots", "slot_id", "lease_deadline_ms", tx.now_ms, bound,
+    dead, more = delete_oldest_claimed(
+        tx, KIND, "slots", "slot_id", "pool", "lease_deadline_ms", tx.now_ms, bound,
         "project, pool, session_id, lease_deadline_ms, request_deadline_ms",
     )
     per_pool: dict[tuple[str, str, str], int] = {}
@@ -581,8 +590,9 @@ def reap(tx: Tx, bound: int) -> tuple[int, bool]:
     for (project, pool, reason), count in per_pool.items():
         _count_reclaimed(tx, project, pool, count, reason)
         tx.events.append(pool_freed(project, pool))
-    gone, more_waiters = delete_oldest(
-        tx, "slot_waiters", "ticket", "alive_until_ms", tx.now_ms, bound, "project, pool"
+    gone, more_waiters = delete_oldest_claimed(
+        tx, KIND, "slot_waiters", "ticket", "pool", "alive_until_ms", tx.now_ms, bound,
+        "project, pool",
     )
     for project, pool in {(p, n) for p, n in gone}:
         tx.events.append(pool_freed(project, pool))

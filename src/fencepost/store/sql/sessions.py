@@ -19,9 +19,30 @@ from fencepost.core.leases import AcquireRequest
 from fencepost.core.sessions import Session, SessionEnd
 from fencepost.errors import NotFound
 from fencepost.events import SessionChanged
-from fencepost.store.batch import Tx
+from fencepost.store.batch import Key, Keys, Tx
 from fencepost.store.sql.bounded import delete_oldest
 from fencepost.store.sql.rows import columns
+
+KIND = "session"
+
+
+def key_of(project: str, session_id: str | None) -> Keys:
+    """The key of a session (see batch.py), declared by every operation that
+    reads it to decide and writes by it: attaching, renewing, ending. None
+    (no session): no key."""
+    return () if session_id is None else (Key(KIND, project, session_id),)
+
+
+def attached_keys(tx: Tx, project: str, session_id: str) -> list[Key]:
+    """The key of every lock and pool something attached to the session holds
+    (an attached lease or slot is in its session's project). The kinds are
+    locks.KIND and pools.KIND (which import this module)."""
+    rows = tx.execute(
+        "SELECT DISTINCT 'lock', key FROM locks WHERE session_id = ? "
+        "UNION SELECT DISTINCT 'pool', pool FROM slots WHERE session_id = ?",
+        (session_id, session_id),
+    ).fetchall()
+    return sorted(Key(kind, project, name) for kind, name in rows)
 
 
 class _SessionRow(NamedTuple):

@@ -1,0 +1,135 @@
+"""Background state for workloads (e) and (f): what else the server carries
+while workload (a) is measured.
+
+(e) parked waiters: `python -m fpbench.background park URL KEY LOCKS WAITERS`
+    holds LOCKS locks and then parks WAITERS requests in their lines (each a
+    keep-alive connection with a PUT that waits 300 s), prints `parked N` once
+    the server shows them all in line, and keeps them there until killed.
+(f) held locks: `preload_locks` writes N live leases straight into the store
+    (one statement; through the API it would take minutes), as leases that
+    outlive the measurement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import sys
+import time
+import uuid
+from urllib.parse import urlsplit
+
+PARK_PREFIX = "park"
+HELD_PREFIX = "held"
+# Connections opened at once while parking (the server's accept backlog).
+_OPEN_AT_ONCE = 500
+_DAY_MS = 86_400_000
+_SETTLE_S = 5.0
+
+
+async def _request(host: str, port: int, raw: bytes) -> tuple[int, bytes]:
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(raw)
+    await writer.drain()
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":", 1)[1])
+    body = await reader.readexactly(length)
+    writer.close()
+    return status, body
+
+
+def _put(key: str, lock: str, body: dict[str, object]) -> bytes:
+    data = json.dumps(body).encode()
+    return (
+        f"PUT /v1/locks/{lock}/lease HTTP/1.1\r\nHost: bench\r\n"
+        f"Authorization: Bearer {key}\r\nX-Lock-Token: {uuid.uuid4()}\r\n"
+        f"X-Request-Id: {uuid.uuid4()}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\n\r\n"
+    ).encode() + data
+
+
+async def _waiting(host: str, port: int, key: str, locks: list[str]) -> int:
+    total = 0
+    for lock in locks:
+        raw = (f"GET /v1/locks/{lock} HTTP/1.1\r\nHost: bench\r\n"
+               f"Authorization: Bearer {key}\r\n\r\n").encode()
+        status, body = await _request(host, port, raw)
+        if status == 200:
+            total += int(json.loads(body).get("waiters", 0))
+    return total
+
+
+async def park(url: str, key: str, lock_count: int, waiters: int) -> None:
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    nonce = uuid.uuid4().hex[:8]
+    locks = [f"{PARK_PREFIX}-{nonce}-{i}" for i in range(lock_count)]
+    for lock in locks:
+        status, body = await _request(host, port, _put(key, lock, {"ttl_seconds": 3600}))
+        if status != 201:
+            raise SystemExit(f"could not take {lock}: {status} {body[:200]!r}")
+    held: list[asyncio.StreamWriter] = []
+
+    async def one(i: int) -> None:
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(_put(key, locks[i % lock_count], {"ttl_seconds": 30, "wait_seconds": 300}))
+        await writer.drain()
+        held.append(writer)
+
+    for start in range(0, waiters, _OPEN_AT_ONCE):
+        await asyncio.gather(*(one(i) for i in range(start, min(start + _OPEN_AT_ONCE, waiters))))
+    deadline = time.monotonic() + 120
+    in_line = 0
+    while time.monotonic() < deadline:
+        in_line = await _waiting(host, port, key, locks)
+        if in_line >= waiters:
+            break
+        await asyncio.sleep(0.5)
+    # Each parked request re-checks once right after joining its line: let
+    # those settle before the measurement starts.
+    await asyncio.sleep(_SETTLE_S)
+    print(f"parked {in_line}", flush=True)
+    await asyncio.Event().wait()  # until killed
+
+
+def preload_locks(store_url: str, count: int) -> None:
+    """Write `count` live leases (expiring in a day) in project "default"."""
+    now = int(time.time() * 1000)
+    if store_url.startswith("sqlite:"):
+        path = store_url.split("sqlite:///", 1)[1]
+        with sqlite3.connect(path, timeout=30) as conn:
+            conn.execute(
+                "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?) "
+                "INSERT INTO locks (project, key, lock_token, fencing_token, acquired_ms, "
+                "expires_ms, deadline_ms, dies_ms, on_expiry, lock_delay_ms) "
+                "SELECT 'default', ? || i, 'preloaded-' || i, i, ?, ?, ?, ?, 'release', 0 FROM n "
+                "WHERE true ON CONFLICT (project, key, lock_token) DO NOTHING",
+                (count, f"{HELD_PREFIX}-", now, now + _DAY_MS, now + 90 * _DAY_MS, now + _DAY_MS),
+            )
+        return
+    import psycopg
+
+    with psycopg.connect(store_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO locks (project, key, lock_token, fencing_token, acquired_ms, "
+            "expires_ms, deadline_ms, dies_ms, on_expiry, lock_delay_ms) "
+            "SELECT 'default', %s || i, 'preloaded-' || i, i, %s, %s, %s, %s, 'release', 0 "
+            "FROM generate_series(1, %s) AS i ON CONFLICT (project, key, lock_token) DO NOTHING",
+            (f"{HELD_PREFIX}-", now, now + _DAY_MS, now + 90 * _DAY_MS, now + _DAY_MS, count),
+        )
+        # Measure the steady state of a million held locks, not the bulk
+        # load's aftermath (the insert-triggered vacuum, a checkpoint of its WAL).
+        conn.execute("VACUUM ANALYZE locks")
+        conn.execute("CHECKPOINT")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 6 and sys.argv[1] == "park":
+        asyncio.run(park(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])))
+    else:
+        raise SystemExit(__doc__)

@@ -1,0 +1,100 @@
+"""No global serialisation point on PostgreSQL: while one lock's transaction is
+held open (a fault-injection hook, honoured only with FENCEPOST_TEST_HOOKS=1),
+other locks keep being granted, by another replica and by the holding
+replica's other connections; the held lock's competitor waits for the commit
+and then sees the lock taken. Two store objects on one database are two
+replicas (each has its own sessions and replica id)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+
+import psycopg
+import pytest
+
+from fencepost.core.leases import AcquireRequest, Busy, Granted
+from fencepost.store.batch import Key
+from fencepost.store.postgresql import PostgresStore
+from pg_support import temporary_database
+
+P = "default"
+
+
+def token() -> str:
+    return str(uuid.uuid4())
+
+
+async def grant(store: PostgresStore, key: str) -> int:
+    result = await store.acquire_lock(P, key, AcquireRequest(token(), 30), wait_alive_ms=None)
+    assert isinstance(result.outcome, Granted), result
+    return result.outcome.lease.fencing_token
+
+
+def advisory_waits(url: str) -> int:
+    """How many sessions wait for a key (an advisory lock) right now."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_the_hold_hook_is_refused_without_test_hooks(monkeypatch) -> None:
+    monkeypatch.delenv("FENCEPOST_TEST_HOOKS", raising=False)
+    store = PostgresStore("postgresql://nowhere.invalid/none")
+    with pytest.raises(RuntimeError, match="FENCEPOST_TEST_HOOKS"):
+        store._writer.hold_for_tests(lambda keys: None)
+
+
+async def test_a_held_lock_stalls_only_itself_across_replicas(monkeypatch) -> None:
+    monkeypatch.setenv("FENCEPOST_TEST_HOOKS", "1")
+    with temporary_database() as url:
+        a, b = PostgresStore(url), PostgresStore(url)
+        await a.open()
+        await b.open()
+        try:
+            held, let_go = threading.Event(), threading.Event()
+
+            def hold(keys: list[Key]) -> None:
+                if Key("lock", P, "slow") in keys:
+                    held.set()
+                    let_go.wait(60)
+
+            a._writer.hold_for_tests(hold)
+            slow = asyncio.ensure_future(
+                a.acquire_lock(P, "slow", AcquireRequest(token(), 30), wait_alive_ms=None)
+            )
+            assert await asyncio.to_thread(held.wait, 60)
+            # Replica a's transaction holds "slow" open; b competes for it.
+            competitor = asyncio.ensure_future(
+                b.acquire_lock(P, "slow", AcquireRequest(token(), 30), wait_alive_ms=None)
+            )
+            for _ in range(600):  # until b's batch waits in the database for the key
+                if await asyncio.to_thread(advisory_waits, url) >= 1:
+                    break
+                await asyncio.sleep(0.05)
+            assert await asyncio.to_thread(advisory_waits, url) == 1
+            # Meanwhile other locks keep being granted, by both replicas.
+            others = await asyncio.gather(
+                *(grant(b, f"b-{i}") for i in range(60)),
+                *(grant(a, f"a-{i}") for i in range(30)),
+            )
+            assert not slow.done() and not competitor.done()
+            assert await asyncio.to_thread(advisory_waits, url) == 1
+            let_go.set()
+            first = (await slow).outcome
+            assert isinstance(first, Granted)
+            refused = (await competitor).outcome
+            assert isinstance(refused, Busy) and refused.holder == first.lease
+            tokens = [*others, first.lease.fencing_token]
+            assert len(set(tokens)) == len(tokens)
+            # Tokens per lock still rise, whichever replica grants next.
+            assert await b.release_lock(P, "slow", first.lease.lock_token)
+            assert await grant(b, "slow") > first.lease.fencing_token
+        finally:
+            let_go.set()
+            await a.close()
+            await b.close()
