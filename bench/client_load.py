@@ -101,9 +101,27 @@ async def _per_lease(client: fencepost.AsyncClient, ttl: int) -> HoldOne:
     return hold_one
 
 
+async def _session(client: fencepost.AsyncClient, ttl: int) -> HoldOne:
+    # One session for the step's leases, entered here and never exited: it
+    # expires by itself once its step's client is closed (its heartbeat stops
+    # with the task that entered it).
+    session = client.session(ttl=ttl, raise_on_loss=False)
+    await session.__aenter__()
+
+    async def hold_one(client: fencepost.AsyncClient, key: str, ttl: int,
+                       while_held: WhileHeld) -> str | None:
+        async with session.lock(key) as hold:
+            await while_held()
+            return hold.loss.reason if hold.loss is not None else None
+
+    return hold_one
+
+
 VARIANTS: dict[str, Variant] = {
     "per-lease": Variant("per-lease", "each lease renewed on its own (a third of its TTL)",
                          _per_lease),
+    "session": Variant("session", "every lease on one session, renewed once (a third of its "
+                       "TTL)", _session),
 }
 
 

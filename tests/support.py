@@ -396,3 +396,17 @@ class ServerProcess:
         if not self.access_log.exists():
             return []
         return [json.loads(line) for line in self.access_log.read_text().splitlines() if line]
+
+
+def metric(server: ServerProcess, name: str, **labels: str) -> float:
+    """The value of the sample `name` with exactly `labels` on the server's
+    `/metrics` (0 when it is not exposed)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    resp = httpx.get(f"{server.base_url}/metrics", timeout=30)
+    assert resp.status_code == 200, resp.text
+    for family in text_string_to_metric_families(resp.text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return float(sample.value)
+    return 0.0

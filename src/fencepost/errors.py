@@ -51,8 +51,9 @@ class FencepostError(Exception):
 
     @property
     def reason(self) -> str | None:
-        """Why a lease was lost (`expired`, `released`, `force_released`, `superseded`,
-        or a client-side reason such as `unreachable`), when known."""
+        """Why a lease or session was lost (`expired`, `released`, `force_released`,
+        `superseded`, `session_expired`, `session_ended`, or a client-side reason
+        such as `unreachable`), when known."""
         value = self.extra.get("reason")
         return value if isinstance(value, str) else None
 
@@ -143,6 +144,26 @@ class LeaseLost(FencepostError):
     code = "lease_lost"
     http_status = 409
     default_message = "This token does not hold the lock."
+
+
+class SessionExpired(FencepostError):
+    """409: the session renewal came less than 1 s before the session expires; it
+    ends then, and everything attached with it."""
+
+    code = "session_expired"
+    http_status = 409
+    default_message = (
+        "The session is too close to its expiry to renew; stop work before it expires."
+    )
+
+
+class SessionLost(FencepostError):
+    """409: the session has ended; `reason` is `session_expired` or
+    `session_ended`, and every lease and slot attached to it ended with it."""
+
+    code = "session_lost"
+    http_status = 409
+    default_message = "The session has ended."
 
 
 class Capped(FencepostError):

@@ -58,8 +58,9 @@ class Granted:
 
 @dataclass(frozen=True, slots=True)
 class Ended:
-    """Leases or slots that ended: `reason` is released, expired or
-    force_released for a lock, released or reclaimed for a slot. `count` > 1
+    """Leases or slots that ended: `reason` is released, expired,
+    force_released, session_expired or session_ended for a lock, released,
+    reclaimed, session_expired or session_ended for a slot. `count` > 1
     when the reaper reclaimed several slots of one pool at once."""
 
     kind: str
@@ -117,6 +118,24 @@ class PoolChanged:
 
 
 @dataclass(frozen=True, slots=True)
+class SessionChanged:
+    """A session started (`action` "started"), ended ("ended", `reason`
+    session_expired or session_ended, with how many live leases and slots
+    ended with it; the reaper's expiries count none, since those leases and
+    slots are reported as they are reaped), or its holder learned it is over
+    ("lost": a renewal refused, `reason` session_expired, session_ended, or
+    the code session_expired for a renewal inside the last second). No
+    session id: it is a capability."""
+
+    action: str
+    project: str
+    reason: str | None
+    origin: Origin | None
+    leases: int = 0
+    slots: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Refused:
     """A caller refused: 401 (no valid key), 403 (role or address), 429 (the
     key's quota). Project and key are known when the key was."""
@@ -129,7 +148,9 @@ class Refused:
     client_ip: str | None
 
 
-Event = Granted | Ended | Lost | AcquireAttempt | KeyChanged | PoolChanged | Refused
+Event = (
+    Granted | Ended | Lost | AcquireAttempt | KeyChanged | PoolChanged | SessionChanged | Refused
+)
 Subscriber = Callable[[Event], None]
 
 
@@ -150,6 +171,6 @@ class Events:
                 _log.exception("an event subscriber failed on %s", type(event).__name__)
 
     def from_store(self, event: object) -> None:
-        """The store's listener: grants, ends, and key and pool changes."""
-        if isinstance(event, (Granted, Ended, KeyChanged, PoolChanged)):
+        """The store's listener: grants, ends, and key, pool and session changes."""
+        if isinstance(event, (Granted, Ended, KeyChanged, PoolChanged, SessionChanged)):
             self.emit(event)

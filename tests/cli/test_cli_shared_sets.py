@@ -4,8 +4,10 @@ name `fence-check`)."""
 
 from __future__ import annotations
 
+import json
+
 from cli_support import assert_clean_failure, fp, fp_json
-from support import ServerProcess, unique_name
+from support import ServerProcess, parse_at, unique_name
 
 
 def state(server: ServerProcess, key: str) -> dict[str, object]:
@@ -47,6 +49,33 @@ def test_run_with_a_busy_lock_in_the_set_runs_nothing(server: ServerProcess,
     out = fp("run", "--lock", a, "--lock", b, "--", "echo", "ran", env=member_env)
     assert out.returncode == 3 and "ran" not in out.stdout
     assert not state(server, a)["held"]
+
+
+def test_run_with_a_session_holds_every_lock_on_one_heartbeat(
+        server: ServerProcess, member_env: dict[str, str]) -> None:
+    b, a = unique_name("sess-b"), unique_name("sess-a")
+    # The locks' expiry is the 15 s session's (not --ttl's 60 s), and CMD
+    # outlives a heartbeat (every 5 s at most): the expiry moved with it.
+    look = (f'curl -s -H "Authorization: Bearer $FENCEPOST_API_KEY" '
+            f'"$FENCEPOST_URL/v1/locks/{a}"; echo')
+    script = f'{look}; sleep 6; {look}; echo "$FENCEPOST_LOCK_KEYS"'
+    out = fp("run", "--lock", b, "--lock", a, "--session-ttl", "15", "--",
+             "sh", "-c", script, env=member_env)
+    assert out.returncode == 0, out.stderr
+    first, later, keys = out.stdout.strip().splitlines()
+    assert keys == ",".join(sorted([a, b]))
+    before, after = json.loads(first), json.loads(later)
+    assert before["held"] and after["held"]
+    span = parse_at(before["expires_at"]) - parse_at(before["acquired_at"])
+    assert span.total_seconds() <= 15
+    assert parse_at(after["expires_at"]) > parse_at(before["expires_at"])
+    assert not state(server, a)["held"] and not state(server, b)["held"]
+
+
+def test_run_session_ttl_needs_several_locks(member_env: dict[str, str]) -> None:
+    for args in (("--lock", "one"), ("--pool", "p"), ("--lock", "a", "--lock", "b")):
+        extra = ("--session-ttl", "4") if len(args) == 4 else ("--session-ttl", "30")
+        assert_clean_failure(fp("run", *args, *extra, "--", "true", env=member_env), 2)
 
 
 def test_run_shared_with_a_pool_is_a_usage_error(member_env: dict[str, str]) -> None:

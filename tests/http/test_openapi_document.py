@@ -123,7 +123,7 @@ def test_request_bodies_refuse_unknown_fields_and_state_their_bounds(doc: dict[s
               for _, _, op in operations(doc) if "requestBody" in op}
     assert set(bodies) == {"acquireLock", "renewLease", "putPool", "patchPool", "acquireSlot",
                            "renewSlot", "releaseSlot", "createKey", "refreshKey",
-                           "acquireLockSet"}
+                           "createSession", "renewSession", "acquireLockSet"}
     for operation_id, schema in bodies.items():
         assert schema["type"] == "object" and schema["additionalProperties"] is False, \
             operation_id
@@ -148,6 +148,12 @@ def test_request_bodies_refuse_unknown_fields_and_state_their_bounds(doc: dict[s
     assert (delay["type"], delay["minimum"], delay["maximum"]) == ("integer", 0, 60)
     for operation_id in ("acquireSlot", "renewSlot", "releaseSlot", "refreshKey"):
         assert operation(doc, operation_id)["requestBody"]["required"] is False
+    session_ttl = bodies["createSession"]["properties"]["ttl_seconds"]
+    assert (session_ttl["type"], session_ttl["minimum"], session_ttl["maximum"]) \
+        == ("integer", 5, 3600)
+    assert bodies["renewSession"]["required"] == ["ttl_seconds"]
+    attach = bodies["acquireLock"]["properties"]["session_id"]["anyOf"][0]
+    assert attach["pattern"] == "^ses_[A-Za-z0-9_-]{16,64}$"
 
 
 def test_every_error_answer_has_the_error_body_and_its_codes(doc: dict[str, Any]) -> None:

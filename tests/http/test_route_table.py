@@ -25,6 +25,7 @@ PATH_VALUES = {
     "key": lambda: unique_name("walk"),
     "pool": lambda: unique_name("walk"),
     "slot_id": lambda: "slot_" + "A" * 20,
+    "session_id": lambda: "ses_" + "A" * 32,
     "id": lambda: "no-such-key-id",
     "asset": lambda: "console.js",
 }

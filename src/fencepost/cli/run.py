@@ -40,7 +40,16 @@ from fencepost.cli.stopping import (
     margin_for,
 )
 from fencepost.client import AsyncClient
-from fencepost.client.aio import AsyncLockHold, AsyncLockSetHold, AsyncSlotHold
+from fencepost.client.aio import (
+    AsyncAttachedLockSet,
+    AsyncLockHold,
+    AsyncLockSetHold,
+    AsyncSessionHold,
+    AsyncSlotHold,
+)
+from fencepost.client.keeper import Loss
+from fencepost.client.models import Lease
+from fencepost.core.sessions import SESSION_TTL_MAX_SECONDS, SESSION_TTL_MIN_SECONDS
 from fencepost.errors import FencepostError, LockHeld, QueueTimeout, TooManyRequests
 
 T = TypeVar("T")
@@ -92,6 +101,11 @@ def _slot_outcome_status(returncode: int) -> int:
 @click.option("--pool", "pool_name", type=NAME, default=None, help="Hold a slot of this pool.")
 @click.option("--ttl", type=click.IntRange(5, 7_776_000), default=60, show_default=True,
               metavar="SECONDS", help="Lock lease length; renewed every third of it.")
+@click.option("--session-ttl", type=click.IntRange(SESSION_TTL_MIN_SECONDS,
+                                                 SESSION_TTL_MAX_SECONDS),
+              default=None, metavar="SECONDS",
+              help="Hold the locks (--lock, repeated) on one session of this TTL: one "
+                   "renewal every third of it keeps them all; --ttl is then unused.")
 @click.option("--wait", type=click.FloatRange(min=0), default=0, show_default=True,
               metavar="SECONDS", help="How long to wait for the lock or slot; 0 fails fast.")
 @click.option("--operation", default=None,
@@ -109,16 +123,18 @@ def _slot_outcome_status(returncode: int) -> int:
 @connection_options
 @api_command
 async def run(ctx: Ctx, lock_keys: tuple[str, ...], shared: bool, pool_name: str | None,
-              ttl: int, wait: float, operation: str | None, metadata: dict[str, Any] | None,
+              ttl: int, session_ttl: int | None, wait: float, operation: str | None,
+              metadata: dict[str, Any] | None,
               grace: float | None, busy_exit_code: int, command: tuple[str, ...]) -> int:
     """Run CMD while holding a lock (--lock KEY), several locks at once
-    (--lock A --lock B: all or none, without deadlock), or a pool slot
-    (--pool POOL).
+    (--lock A --lock B: all or none, without deadlock; with --session-ttl on
+    one session, renewed once for them all), or a pool slot (--pool POOL).
 
     \b
     fencepost run --lock nightly-backup --ttl 120 -- ./backup.sh
     fencepost run --lock reports --shared -- ./read-reports.sh
     fencepost run --lock db-a --lock db-b -- ./migrate.sh
+    fencepost run --lock db-a --lock db-b --session-ttl 30 -- ./migrate.sh
     fencepost run --pool upstream-api --wait 60 -- python call_api.py
 
     CMD gets FENCEPOST_LOCK_KEY and FENCEPOST_FENCING_TOKEN (one lock), or
@@ -136,6 +152,11 @@ async def run(ctx: Ctx, lock_keys: tuple[str, ...], shared: bool, pool_name: str
                          "--pool POOL.", ExitCode.USAGE)
     if shared and pool_name is not None:
         raise CliFailure("--shared is for locks, not pools.", ExitCode.USAGE)
+    if session_ttl is not None:
+        if len(lock_keys) < 2:
+            raise CliFailure("--session-ttl is for several locks (--lock A --lock B ...).",
+                             ExitCode.USAGE)
+        ttl = session_ttl  # the leases follow the session: its TTL is what is renewed
     renew_every: float | None = None
     if lock_keys:
         try:
@@ -158,7 +179,9 @@ async def run(ctx: Ctx, lock_keys: tuple[str, ...], shared: bool, pool_name: str
                 operation=(operation or os.path.basename(command[0]) or "run")[:64],
                 renew_every=renew_every,
             )
-            if len(lock_keys) == 1:
+            if session_ttl is not None:
+                hold = _SessionLocks(client, lock_keys, session_ttl, options)
+            elif len(lock_keys) == 1:
                 hold = client.lock(lock_keys[0], **options)
             else:
                 hold = client.lock_many(lock_keys, **options)
@@ -167,7 +190,61 @@ async def run(ctx: Ctx, lock_keys: tuple[str, ...], shared: bool, pool_name: str
         return await runner.run(client, hold, busy_exit_code)
 
 
-Hold = AsyncLockHold | AsyncLockSetHold | AsyncSlotHold
+class _SessionLocks:
+    """Several locks attached to one session (`--session-ttl`): the session's
+    heartbeat is the only renewal, and its loss is the locks' loss. Leaving
+    ends the session, and with it every lock at once."""
+
+    def __init__(self, client: AsyncClient, keys: tuple[str, ...], session_ttl: int,
+                 options: dict[str, Any]) -> None:
+        self.session: AsyncSessionHold = client.session(
+            ttl=session_ttl, renew_every=options["renew_every"], raise_on_loss=False,
+        )
+        self.keys = sorted(set(keys))
+        self._options = {name: options[name]
+                         for name in ("wait", "operation", "metadata", "shared")}
+        self._locks: AsyncAttachedLockSet | None = None
+
+    async def __aenter__(self) -> _SessionLocks:
+        await self.session.__aenter__()
+        try:
+            self._locks = self.session.lock_many(self.keys, **self._options)
+            await self._locks.__aenter__()
+        except BaseException:
+            await self.session.__aexit__(None, None, None)
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.session.__aexit__(None, None, None)
+
+    @property
+    def _held(self) -> AsyncAttachedLockSet:
+        assert self._locks is not None, "used before the locks were taken"
+        return self._locks
+
+    @property
+    def leases(self) -> list[Lease]:
+        return self._held.leases
+
+    @property
+    def fencing_tokens(self) -> dict[str, int]:
+        return self._held.fencing_tokens
+
+    @property
+    def lost_event(self) -> asyncio.Event:
+        return self.session.lost_event
+
+    @property
+    def loss(self) -> Loss | None:
+        return self.session.loss
+
+    @property
+    def lost(self) -> bool:
+        return self.session.lost
+
+
+Hold = AsyncLockHold | AsyncLockSetHold | _SessionLocks | AsyncSlotHold
 
 
 class _Runner:
@@ -217,7 +294,7 @@ class _Runner:
         if isinstance(hold, AsyncLockHold):
             describe = lock_waiting(client, hold.key)
             what = f"lock {hold.key}"
-        elif isinstance(hold, AsyncLockSetHold):
+        elif isinstance(hold, AsyncLockSetHold | _SessionLocks):
             describe = lock_waiting(client, hold.keys[0])
             what = f"locks {', '.join(hold.keys)}"
         else:
@@ -248,7 +325,7 @@ class _Runner:
         if isinstance(hold, AsyncLockHold):
             self.say(f"holding lock {hold.key} (fencing token {hold.fencing_token}); "
                      f"running {self.argv[0]}")
-        elif isinstance(hold, AsyncLockSetHold):
+        elif isinstance(hold, AsyncLockSetHold | _SessionLocks):
             tokens = ", ".join(f"{k} {t}" for k, t in hold.fencing_tokens.items())
             self.say(f"holding locks (fencing tokens {tokens}); running {self.argv[0]}")
         else:
@@ -284,6 +361,8 @@ class _Runner:
                 elif isinstance(hold, AsyncLockSetHold):
                     for key in hold.keys:
                         await client.renew_lock(key, hold.token, ttl=self.ttl)
+                elif isinstance(hold, _SessionLocks):
+                    await client.renew_session(hold.session.session_id, ttl=self.ttl)
                 else:
                     await client.renew_slot(hold.pool, hold.slot_id)
         if self.schedule.term_at() <= time.monotonic():
@@ -297,7 +376,7 @@ class _Runner:
         if isinstance(hold, AsyncLockHold):
             env["FENCEPOST_LOCK_KEY"] = hold.key
             env["FENCEPOST_FENCING_TOKEN"] = str(hold.fencing_token)
-        elif isinstance(hold, AsyncLockSetHold):
+        elif isinstance(hold, AsyncLockSetHold | _SessionLocks):
             env["FENCEPOST_LOCK_KEYS"] = ",".join(hold.keys)
             env["FENCEPOST_FENCING_TOKENS"] = ",".join(
                 f"{key}={token}" for key, token in hold.fencing_tokens.items())

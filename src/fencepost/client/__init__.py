@@ -12,7 +12,16 @@ policy). The clients only move bytes and run the keeper in a task or a thread.
             store.write(data, fencing_token=lock.fencing_token)
 """
 
-from fencepost.client.aio import AsyncClient, AsyncLockHold, AsyncLockSetHold, AsyncSlotHold
+from fencepost.client.aio import (
+    AsyncAttachedLock,
+    AsyncAttachedLockSet,
+    AsyncAttachedSlot,
+    AsyncClient,
+    AsyncLockHold,
+    AsyncLockSetHold,
+    AsyncSessionHold,
+    AsyncSlotHold,
+)
 from fencepost.client.keeper import Loss
 from fencepost.client.methods import METHOD_NAMES, Methods
 from fencepost.client.models import (
@@ -31,6 +40,10 @@ from fencepost.client.models import (
     LockSet,
     PoolInfo,
     PoolPage,
+    SessionEnd,
+    SessionGrant,
+    SessionInfo,
+    SessionPool,
     SlotGrant,
     SlotHolder,
     SlotRenewal,
@@ -39,14 +52,30 @@ from fencepost.client.models import (
 )
 from fencepost.client.outcome import Outcome, outcome_from_response
 from fencepost.client.retrying import NO_RETRIES, Retries
-from fencepost.client.sync import Client, LockHold, LockSetHold, SlotHold
+from fencepost.client.sync import (
+    AttachedLock,
+    AttachedLockSet,
+    AttachedSlot,
+    Client,
+    LockHold,
+    LockSetHold,
+    SessionHold,
+    SlotHold,
+)
 from fencepost.client.transport import DEFAULT_URL, Settings
 
 __all__ = [
     "DEFAULT_URL",
     "METHOD_NAMES",
     "NO_RETRIES",
+    "AsyncAttachedLock",
+    "AsyncAttachedLockSet",
+    "AsyncAttachedSlot",
     "AsyncClient",
+    "AsyncSessionHold",
+    "AttachedLock",
+    "AttachedLockSet",
+    "AttachedSlot",
     "AsyncLockHold",
     "AsyncLockSetHold",
     "AsyncSlotHold",
@@ -72,6 +101,11 @@ __all__ = [
     "PoolInfo",
     "PoolPage",
     "Retries",
+    "SessionEnd",
+    "SessionGrant",
+    "SessionHold",
+    "SessionInfo",
+    "SessionPool",
     "Settings",
     "SlotGrant",
     "SlotHold",

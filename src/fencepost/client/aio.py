@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -24,9 +24,17 @@ from fencepost.client.holding import (
 from fencepost.client.keeper import Terms, keep_alive
 from fencepost.client.key_refresh import CurrentKey, KeyRefresh, OnKeyRefresh, refresh_if_due
 from fencepost.client.methods import AsyncRunner, Methods
-from fencepost.client.models import OnExpiry
+from fencepost.client.models import LockSet, OnExpiry
 from fencepost.client.operations import Op
 from fencepost.client.retrying import RELEASE_RETRIES, Retries, tenacity_options
+from fencepost.client.sessions import (
+    LOCK_SET_WAYS,
+    AttachedKinds,
+    AttachedLockFacts,
+    AttachedLockSetFacts,
+    AttachedSlotFacts,
+    SessionFacts,
+)
 from fencepost.client.transport import (
     MAX_IN_FLIGHT,
     OnRenewed,
@@ -286,12 +294,62 @@ class AsyncClient(CurrentKey, Methods, AsyncRunner):
             raise_on_loss=raise_on_loss, cancel_on_loss=cancel_on_loss,
         )
 
+    def session(
+        self,
+        *,
+        ttl: int = 60,
+        name: str | None = None,
+        renew_every: float | None = None,
+        on_lost: Callable[[AsyncSessionHold], Any] | None = None,
+        cancel_on_loss: bool = False,
+        raise_on_loss: bool = True,
+    ) -> AsyncSessionHold:
+        """Hold a session for an `async with` block (SPEC §3.10): one heartbeat
+        (every `renew_every` seconds, a third of `ttl` by default) for every lease
+        and slot taken with `session.lock()`, `session.lock_many()` and
+        `session.slot()`, which renew nothing of their own. On exit the session
+        ends, and with it everything still attached. Loss works as for `lock()`,
+        once for all: when the session is lost (`session_expired`,
+        `session_ended`, or no renewal got through in time), `session.lost` and
+        every attached hold's `lost` turn True, `lost_event` is set and
+        `on_lost(session)` is called."""
+        return AsyncSessionHold(
+            self, ttl=ttl, name=name, renew_every=renew_every, on_lost=on_lost,
+            raise_on_loss=raise_on_loss, cancel_on_loss=cancel_on_loss,
+        )
 
-class _AsyncHold(Holding):
+
+class _AsyncAcquiring(Holding):
+    """Acquiring and releasing, with `await`, as every hold does."""
+
+    _client: AsyncClient
+
+    async def _acquire(self) -> Any:
+        return await self._client._run(self._acquire_op())
+
+    async def _acquire_now(self) -> Any:
+        """Acquire; return the terms. An acquire that failed but may have been
+        granted (or whose caller stopped waiting) is released at once."""
+        sent = time.monotonic()
+        try:
+            result = await self._acquire()
+        except BaseException as error:
+            if self._release_after_failed_acquire() and _maybe_granted(error):
+                await self._release_quietly()
+            raise
+        return self._make_terms(result, sent, time.monotonic())
+
+    async def _release_quietly(self) -> None:
+        try:
+            await self._client._run(self._release_op(), RELEASE_RETRIES)
+        except FencepostError as error:
+            report_failure(self._what, error)
+
+
+class _AsyncHold(_AsyncAcquiring):
     """The asyncio choreography of a hold: acquire, keep alive in a task, and on
     exit stop the keeper before releasing."""
 
-    _client: AsyncClient
     _cancel_on_loss: bool
 
     def _hold_init(self, client: AsyncClient, cancel_on_loss: bool) -> None:
@@ -314,17 +372,11 @@ class _AsyncHold(Holding):
     async def __aenter__(self) -> Self:
         self._owner = asyncio.current_task()
         self.lost_event  # noqa: B018 - create the event on the running loop
-        sent = time.monotonic()
-        try:
-            result = await self._client._run(self._acquire_op())
-        except BaseException as error:
-            if self._release_after_failed_acquire() and _maybe_granted(error):
-                await self._release_quietly()
-            raise
+        results = await self._acquire_now()
         self._held = True
         self._keepers = [
             asyncio.create_task(self._keep(terms), name=f"fencepost-keep-{self._what}")
-            for terms in self._make_terms(result, sent, time.monotonic())
+            for terms in results
         ]
         return self
 
@@ -370,12 +422,6 @@ class _AsyncHold(Holding):
             self._cancelled_owner = False
             self._took_back = True
             self._owner.uncancel()
-
-    async def _release_quietly(self) -> None:
-        try:
-            await self._client._run(self._release_op(), RELEASE_RETRIES)
-        except FencepostError as error:
-            report_failure(self._what, error)
 
     async def _keep(self, terms: Terms) -> None:
         owner = self._owner
@@ -431,3 +477,86 @@ class AsyncSlotHold(SlotFacts, _AsyncHold):
                  **options: Any) -> None:
         SlotFacts.__init__(self, pool, **options)
         self._hold_init(client, cancel_on_loss)
+
+
+class AsyncSessionHold(
+    SessionFacts["AsyncAttachedLock", "AsyncAttachedLockSet", "AsyncAttachedSlot"], _AsyncHold
+):
+    """A session held by `async with client.session(...)`; see `AsyncClient.session`."""
+
+    def __init__(self, client: AsyncClient, *, cancel_on_loss: bool, **options: Any) -> None:
+        kinds = AttachedKinds(AsyncAttachedLock, AsyncAttachedLockSet, AsyncAttachedSlot)
+        SessionFacts.__init__(self, kinds=kinds, **options)
+        self._hold_init(client, cancel_on_loss)
+
+
+class _AsyncAttached(_AsyncAcquiring):
+    """The asyncio choreography of a hold attached to a session: acquire, and on
+    exit release; nothing runs in between (the session's heartbeat renews it)."""
+
+    async def __aenter__(self) -> Self:
+        self.check()  # a lost session takes nothing more: raise its loss at once
+        await self._acquire_now()
+        self._held = True
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            await asyncio.shield(self._release_quietly())
+        finally:
+            self._held = False
+        if self._should_raise_on_exit(exc is not None):
+            raise self.lost_error()
+
+class AsyncAttachedLock(AttachedLockFacts, _AsyncAttached):
+    """A lock held by `async with session.lock(...)`; see `AsyncSessionHold.lock`."""
+
+    def __init__(self, session: AsyncSessionHold, key: str, **options: Any) -> None:
+        AttachedLockFacts.__init__(self, session, key, **options)
+        self._client = session._client
+
+
+class AsyncAttachedSlot(AttachedSlotFacts, _AsyncAttached):
+    """A slot held by `async with session.slot(...)`; see `AsyncSessionHold.slot`."""
+
+    def __init__(self, session: AsyncSessionHold, pool: str, **options: Any) -> None:
+        AttachedSlotFacts.__init__(self, session, pool, **options)
+        self._client = session._client
+
+
+class AsyncAttachedLockSet(AttachedLockSetFacts, _AsyncAttached):
+    """Locks held by `async with session.lock_many(...)`; see `AsyncSessionHold.lock_many`."""
+
+    def __init__(self, session: AsyncSessionHold, keys: Iterable[str], **options: Any) -> None:
+        AttachedLockSetFacts.__init__(self, session, keys, **options)
+        self._client = session._client
+
+    async def _acquire(self) -> LockSet:
+        """Every share at once (see `AttachedLockSetFacts.shares`); all or none."""
+        shares = self.shares(LOCK_SET_WAYS)
+        results = await asyncio.gather(
+            *(self._client._run(self.acquire_share(share)) for share in shares),
+            return_exceptions=True,
+        )
+        taken = [r.leases for r in results if isinstance(r, LockSet)]
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:  # each failed share released its own; release the others'
+            await self._release_shares([[lease.key for lease in share] for share in taken])
+            raise failed[0]
+        return LockSet(leases=[lease for share in taken for lease in share],
+                       lock_token=self.token)
+
+    async def _release_quietly(self) -> None:
+        await self._release_shares(self.shares(LOCK_SET_WAYS))
+
+    async def _release_shares(self, shares: list[list[str]]) -> None:
+        results = await asyncio.gather(
+            *(self._client._run(self.release_share(share), RELEASE_RETRIES) for share in shares),
+            return_exceptions=True,
+        )
+        for result in results:
+            if isinstance(result, FencepostError):
+                report_failure(self._what, result)

@@ -46,7 +46,7 @@ class Holding:
     @property
     def lost(self) -> bool:
         """True once the lease can no longer be trusted (stop work that needs it)."""
-        return self._loss is not None
+        return self.loss is not None
 
     @property
     def loss(self) -> Loss | None:
@@ -61,12 +61,12 @@ class Holding:
     def check(self) -> None:
         """Raise `LeaseLost` if the lease was lost; call it between steps of work
         that must not run without the lease."""
-        if self._loss is not None:
+        if self.loss is not None:
             raise self.lost_error()
 
     def lost_error(self) -> LeaseLost:
         """The `LeaseLost` describing this loss (reason and the server's error)."""
-        loss = self._loss
+        loss = self.loss
         reason = loss.reason if loss is not None else None
         message = f"The {self._what} was lost ({reason or 'unknown reason'})."
         error = LeaseLost(message, reason=reason)
@@ -84,7 +84,7 @@ class Holding:
         return True
 
     def _should_raise_on_exit(self, had_error: bool) -> bool:
-        return self._loss is not None and self._raise_on_loss and not had_error
+        return self.loss is not None and self._raise_on_loss and not had_error
 
     # What to acquire, how to time its renewals and how to release it; provided by
     # LockFacts and SlotFacts, used by the async and sync context managers.
@@ -120,6 +120,7 @@ class _LockOptions(Holding):
         on_lost: Callable[[Any], Any] | None,
         raise_on_loss: bool,
         shared: bool = False,
+        session_id: str | None = None,
     ) -> None:
         super().__init__(on_lost, raise_on_loss)
         self.shared = shared
@@ -131,6 +132,7 @@ class _LockOptions(Holding):
         self._on_expiry: OnExpiry = on_expiry
         self._lock_delay = lock_delay
         self._renew_every = renew_every
+        self._session_id = session_id
 
     def _release_after_failed_acquire(self) -> bool:
         # The acquire may have been granted with an answer that never arrived; the
@@ -178,7 +180,7 @@ class LockFacts(_LockOptions):
         return acquire_lock(
             self.key, ttl=self._ttl, wait=self._wait, operation=self._operation,
             metadata=self._metadata, on_expiry=self._on_expiry, lock_delay=self._lock_delay,
-            shared=self.shared, token=self.token,
+            shared=self.shared, token=self.token, session_id=self._session_id,
         )
 
     def _make_terms(self, lease: Lease, sent: float, answered: float) -> list[Terms]:
@@ -226,7 +228,7 @@ class LockSetFacts(_LockOptions):
         return acquire_lock_set(
             self.keys, ttl=self._ttl, wait=self._wait, operation=self._operation,
             metadata=self._metadata, on_expiry=self._on_expiry, lock_delay=self._lock_delay,
-            shared=self.shared, token=self.token,
+            shared=self.shared, token=self.token, session_id=self._session_id,
         )
 
     def _make_terms(self, granted: LockSet, sent: float, answered: float) -> list[Terms]:
@@ -261,9 +263,11 @@ class SlotFacts(Holding):
         no_queue: bool,
         on_lost: Callable[[Any], Any] | None,
         raise_on_loss: bool,
+        session_id: str | None = None,
     ) -> None:
         super().__init__(on_lost, raise_on_loss)
         self.pool = name_segment(pool, "pool")
+        self._session_id = session_id
         self._wait = wait
         self._no_queue = no_queue
         self._terms: SlotTerms | None = None
@@ -318,7 +322,8 @@ class SlotFacts(Holding):
         return self.outcome
 
     def _acquire_op(self) -> Op[SlotGrant]:
-        return acquire_slot(self.pool, wait=self._wait, no_queue=self._no_queue)
+        return acquire_slot(self.pool, wait=self._wait, no_queue=self._no_queue,
+                            session_id=self._session_id)
 
     def _make_terms(self, grant: SlotGrant, sent: float, answered: float) -> list[Terms]:
         self._grant = grant

@@ -21,14 +21,16 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from fencepost.client.calls import Call, Sleep
-from fencepost.client.models import Lease, LeaseRenewal, SlotGrant, SlotRenewal
-from fencepost.client.operations import Op, renew_call, renew_slot_call
+from fencepost.client.models import Lease, LeaseRenewal, SessionGrant, SlotGrant, SlotRenewal
+from fencepost.client.operations import Op, renew_call, renew_session_call, renew_slot_call
 from fencepost.errors import (
     Capped,
     FencepostError,
     LeaseExpired,
     LeaseLost,
     NotFound,
+    SessionExpired,
+    SessionLost,
     TransportError,
     UnexpectedResponse,
 )
@@ -54,7 +56,8 @@ def granted_at(sent: float, answered: float) -> float:
 @dataclass(frozen=True, slots=True)
 class Loss:
     """Why a held lease stopped being trustworthy. `reason` is the server's
-    (`expired`, `released`, `force_released`, `superseded`), or `not_found`
+    (`expired`, `released`, `force_released`, `superseded`, `session_expired`,
+    `session_ended`), or `not_found`
     (a slot that is gone), `capped` (a slot at its request deadline),
     `unreachable` (no renewal got through before the lease ran out) or
     `renewal_failed` (renewals were refused until it ran out)."""
@@ -171,6 +174,50 @@ class SlotTerms:
             return Loss("not_found", error)
         if isinstance(error, Capped):
             self.capped = True
+        return None
+
+
+class SessionTerms:
+    """A session's timing (SPEC §3.10): renewed every `interval_s` (a third of
+    its TTL by default) with the same TTL; trusted, with everything attached,
+    until 1 s before its expiry (renewals must arrive before that)."""
+
+    def __init__(self, grant: SessionGrant, sent: float, answered: float,
+                 interval_s: float | None = None) -> None:
+        self.session_id = grant.session_id
+        self.ttl = grant.ttl_seconds
+        self.interval_s = interval_s if interval_s is not None else self.ttl / 3
+        self.capped = False
+        start = granted_at(sent, answered)
+        self._renewed = start
+        self._expires = start + self.ttl
+        self.expires_at = grant.expires_at
+
+    def renew_call(self, timeout: float) -> Call[SessionGrant]:
+        return renew_session_call(self.session_id, self.ttl, retry=False, timeout=timeout)
+
+    def renewed(self, result: SessionGrant, sent: float, answered: float) -> None:
+        start = granted_at(sent, answered)
+        self._renewed = start
+        self._expires = start + self.ttl
+        self.expires_at = result.expires_at
+
+    def last_renewed(self) -> float:
+        return self._renewed
+
+    def expires(self) -> float:
+        return self._expires
+
+    def give_up_at(self) -> float:
+        return self._expires - LOCK_RENEW_MARGIN_S
+
+    def loss_for(self, error: FencepostError) -> Loss | None:
+        if isinstance(error, SessionLost):
+            return Loss(error.reason or "session_lost", error)
+        if isinstance(error, SessionExpired):
+            return Loss("session_expired", error)
+        if isinstance(error, NotFound):  # forgotten, or the key lost it
+            return Loss("not_found", error)
         return None
 
 

@@ -109,6 +109,11 @@ class Methods:
     acquire_slot = operation(ops.acquire_slot)
     renew_slot = operation(ops.renew_slot)
     release_slot = operation(ops.release_slot)
+    # sessions
+    create_session = operation(ops.create_session)
+    renew_session = operation(ops.renew_session)
+    end_session = operation(ops.end_session)
+    get_session = operation(ops.get_session)
     # keys and identity
     create_key = operation(ops.create_key)
     list_keys = operation(ops.list_keys)

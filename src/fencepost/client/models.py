@@ -290,3 +290,51 @@ class Health(Model, frozen=True, kw_only=True):
     status: str
     store: str | None = None
     version: str | None = None
+
+
+# --- sessions (SPEC §3.10) ---------------------------------------------------------
+
+
+class SessionGrant(Model, frozen=True, kw_only=True):
+    """A session as created or renewed (SPEC §3.10). `session_id` is a
+    capability of the key that made it: keep it private."""
+
+    session_id: str
+    name: str | None = None
+    ttl_seconds: int
+    expires_at: datetime
+
+
+class SessionPool(Model, frozen=True, kw_only=True):
+    """A pool where a session holds slots, and how many."""
+
+    pool: str
+    slots: int
+
+
+class SessionInfo(Model, frozen=True, kw_only=True):
+    """A session and what it holds (`GET /v1/sessions/{id}`): `keys` lists the
+    first 1000 locks, `leases` counts them all; likewise `pools` and `slots`.
+    `ended` is `session_expired` or `session_ended` once it is over."""
+
+    session_id: str
+    name: str | None = None
+    ttl_seconds: int
+    created_at: datetime
+    expires_at: datetime
+    live: bool
+    ended: str | None = None
+    ended_at: datetime | None = None
+    keys: list[str] = []
+    leases: int = 0
+    pools: list[SessionPool] = []
+    slots: int = 0
+
+
+class SessionEnd(Model, frozen=True, kw_only=True):
+    """The answer to ending a session: whether this call ended it (False when it
+    had already ended), and how many leases and slots ended with it."""
+
+    ended: bool
+    leases: int
+    slots: int

@@ -47,6 +47,9 @@ from fencepost.client.models import (
     PoolInfo,
     PoolPage,
     Role,
+    SessionEnd,
+    SessionGrant,
+    SessionInfo,
     SlotGrant,
     SlotHolder,
     SlotList,
@@ -92,9 +95,12 @@ def acquire_call(
     lock_delay: int = 0,
     shared: bool = False,
     retry: bool = True,
+    session_id: str | None = None,
 ) -> Call[Lease]:
-    """The acquire request for one lock token; waits until `wait_until` (monotonic)."""
-    body = _acquire_body(ttl, operation, metadata, on_expiry, lock_delay, shared)
+    """The acquire request for one lock token; waits until `wait_until` (monotonic).
+    With `session_id` the lease follows that session's expiry (`ttl` is sent, as
+    the server asks for one, and not used)."""
+    body = _acquire_body(ttl, operation, metadata, on_expiry, lock_delay, shared, session_id)
     mode: LockMode = "shared" if shared else "exclusive"
 
     def decode(reply: Reply) -> Lease:
@@ -113,9 +119,11 @@ def acquire_call(
 
 def _acquire_body(
     ttl: int, operation: str | None, metadata: Mapping[str, Any] | None,
-    on_expiry: OnExpiry, lock_delay: int, shared: bool,
+    on_expiry: OnExpiry, lock_delay: int, shared: bool, session_id: str | None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {"ttl_seconds": ttl}
+    if session_id is not None:
+        body["session_id"] = session_id
     if operation is not None:
         body["operation"] = operation
     if metadata is not None:
@@ -156,6 +164,7 @@ def acquire_lock(
     lock_delay: int = 0,
     shared: bool = False,
     token: str | None = None,
+    session_id: str | None = None,
 ) -> Op[Lease]:
     """Acquire lock `key` for `ttl` seconds, waiting in line up to `wait` seconds
     (0 fails fast with `LockHeld`). Returns the `Lease`, whose `lock_token` you
@@ -165,12 +174,15 @@ def acquire_lock(
     lease. Waits over 300 s (the server's longest) are made of consecutive
     waits. `shared=True` takes a shared (reader) lease: any number may be live
     together, none beside an exclusive one, and a reader arriving behind a
-    waiting writer waits behind it. You usually want `lock()` instead: it
-    renews and releases for you."""
+    waiting writer waits behind it. With `session_id` (see `create_session`)
+    the lease has no expiry of its own: it follows the session's and ends with
+    it (`ttl` is not used). You usually want `lock()` instead: it renews and
+    releases for you."""
     token = token or new_token()
     return _in_chunks(wait, lambda until: acquire_call(
         key, token, ttl=ttl, wait_until=until, operation=operation,
         metadata=metadata, on_expiry=on_expiry, lock_delay=lock_delay, shared=shared,
+        session_id=session_id,
     ))
 
 
@@ -185,16 +197,18 @@ def acquire_lock_set(
     lock_delay: int = 0,
     shared: bool = False,
     token: str | None = None,
+    session_id: str | None = None,
 ) -> Op[LockSet]:
     """Acquire every lock in `keys` (1..32 distinct names) under one lock token,
     or none (SPEC §3.7): `LockHeld` names the first busy key. Waiting takes a
     place in every key's line at once, so two sets never deadlock. Renew and
     release each key with `renew_lock` / `release_lock` and the set's
-    `lock_token`. You usually want `lock_many()` instead."""
+    `lock_token`. With `session_id` every lease follows that session (see
+    `acquire_lock`). You usually want `lock_many()` instead."""
     token = token or new_token()
     names = [name_segment(key, "key") for key in keys]
     body = {"keys": names, **_acquire_body(ttl, operation, metadata, on_expiry, lock_delay,
-                                           shared)}
+                                           shared, session_id)}
     mode: LockMode = "shared" if shared else "exclusive"
 
     def decode(reply: Reply) -> LockSet:
@@ -359,8 +373,10 @@ def delete_pool(name: str) -> Op[bool]:
     return _one(Call("DELETE", _pool_path(name), decode_flag("deleted")))
 
 
-def acquire_slot_call(pool: str, *, wait: float = 0, no_queue: bool = False) -> Call[SlotGrant]:
+def acquire_slot_call(pool: str, *, wait: float = 0, no_queue: bool = False,
+                      session_id: str | None = None) -> Call[SlotGrant]:
     headers = {"X-No-Queue": "1"} if no_queue else {}
+    body = {} if session_id is None else {"session_id": session_id}
     wait_spec = None
     if wait > 0:
         wait_spec = Wait(time.monotonic() + wait, "wait_ms", in_ms=True, cap_s=math.inf)
@@ -377,16 +393,18 @@ def acquire_slot_call(pool: str, *, wait: float = 0, no_queue: bool = False) -> 
 
     # Not idempotent: a retry after a lost answer would take a second slot, so it
     # is retried only when the first attempt surely never reached the server.
-    return Call("POST", f"{_pool_path(pool)}/lock/acquire", decode, body={},
+    return Call("POST", f"{_pool_path(pool)}/lock/acquire", decode, body=body,
                 headers=headers, wait=wait_spec, idempotent=False)
 
 
-def acquire_slot(pool: str, *, wait: float = 0, no_queue: bool = False) -> Op[SlotGrant]:
+def acquire_slot(pool: str, *, wait: float = 0, no_queue: bool = False,
+                 session_id: str | None = None) -> Op[SlotGrant]:
     """Take a slot in `pool`, waiting in line up to `wait` seconds (clamped by the
     pool's `queue_timeout_ms`). Raises `TooManyRequests` when no slot is free and
     no wait was asked (or the queue is full), `QueueTimeout` when the wait ran out.
+    With `session_id` the slot follows that session (see `create_session`).
     You usually want `slot()` instead: it renews and releases for you."""
-    return _one(acquire_slot_call(pool, wait=wait, no_queue=no_queue))
+    return _one(acquire_slot_call(pool, wait=wait, no_queue=no_queue, session_id=session_id))
 
 
 def renew_slot_call(pool: str, slot_id: str, *, retry: bool = True,
@@ -411,6 +429,51 @@ def release_slot(pool: str, slot_id: str, outcome: Outcome | None = None) -> Op[
     """Release slot `slot_id`, reporting the upstream `outcome` if given. True when
     the slot was held, False when it was already gone (idempotent)."""
     return _one(release_slot_call(pool, slot_id, outcome))
+
+
+# --- sessions (SPEC §3.10) --------------------------------------------------------
+
+
+def _session_path(session_id: str) -> str:
+    return f"/v1/sessions/{id_segment(session_id)}"
+
+
+def create_session(ttl: int, *, name: str | None = None) -> Op[SessionGrant]:
+    """Start a session of `ttl` seconds (5..3600): leases and slots acquired with
+    its `session_id` follow its expiry, so one renewal keeps them all. You
+    usually want `session()` instead: it renews, and ends it on exit."""
+    body: dict[str, Any] = {"ttl_seconds": ttl}
+    if name is not None:
+        body["name"] = name
+    # Not idempotent: a retry after a lost answer would start a second session
+    # (the lost one holds nothing and expires by itself).
+    return _one(Call("POST", "/v1/sessions", decode_as(SessionGrant), body=body,
+                     idempotent=False))
+
+
+def renew_session_call(session_id: str, ttl: int, *, retry: bool = True,
+                       timeout: float | None = None) -> Call[SessionGrant]:
+    return Call("PATCH", _session_path(session_id), decode_as(SessionGrant),
+                body={"ttl_seconds": ttl}, retry=retry, timeout=timeout, renews=True)
+
+
+def renew_session(session_id: str, *, ttl: int) -> Op[SessionGrant]:
+    """Renew the session, and with it every lease and slot attached: it now
+    expires `ttl` seconds from when the server handles this. Raises
+    `SessionLost` once it has ended, `SessionExpired` when the renewal came
+    within its last second."""
+    return _one(renew_session_call(session_id, ttl))
+
+
+def end_session(session_id: str) -> Op[SessionEnd]:
+    """End the session and every lease and slot attached (idempotent: `ended`
+    is False when it had already ended)."""
+    return _one(Call("DELETE", _session_path(session_id), decode_as(SessionEnd)))
+
+
+def get_session(session_id: str) -> Op[SessionInfo]:
+    """The session and the locks and pools it holds."""
+    return _one(Call("GET", _session_path(session_id), decode_as(SessionInfo)))
 
 
 # --- keys and identity (SPEC §5) ------------------------------------------------

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
@@ -30,6 +30,13 @@ from fencepost.client.methods import Methods, SyncRunner
 from fencepost.client.models import OnExpiry
 from fencepost.client.operations import Op
 from fencepost.client.retrying import RELEASE_RETRIES, Retries, tenacity_options
+from fencepost.client.sessions import (
+    AttachedKinds,
+    AttachedLockFacts,
+    AttachedLockSetFacts,
+    AttachedSlotFacts,
+    SessionFacts,
+)
 from fencepost.client.transport import (
     MAX_IN_FLIGHT,
     OnRenewed,
@@ -256,12 +263,55 @@ class Client(CurrentKey, Methods, SyncRunner):
         return SlotHold(self, pool, wait=wait, no_queue=no_queue, on_lost=on_lost,
                         raise_on_loss=raise_on_loss)
 
+    def session(
+        self,
+        *,
+        ttl: int = 60,
+        name: str | None = None,
+        renew_every: float | None = None,
+        on_lost: Callable[[SessionHold], Any] | None = None,
+        raise_on_loss: bool = True,
+    ) -> SessionHold:
+        """Hold a session for a `with` block (SPEC §3.10): one heartbeat thread
+        (renewing every `renew_every` seconds, a third of `ttl` by default) for
+        every lease and slot taken with `session.lock()`, `session.lock_many()`
+        and `session.slot()`, which renew nothing of their own. On exit the
+        session ends, and with it everything still attached. When the session is
+        lost, `session.lost` and every attached hold's `lost` turn True,
+        `lost_event` is set and `on_lost(session)` is called."""
+        return SessionHold(
+            self, ttl=ttl, name=name, renew_every=renew_every, on_lost=on_lost,
+            raise_on_loss=raise_on_loss,
+        )
 
-class _SyncHold(Holding):
-    """The threaded choreography of a hold: acquire, keep alive in a daemon
-    thread, and on exit stop the thread before releasing."""
+
+class _SyncAcquiring(Holding):
+    """Acquiring and releasing, blocking, as every hold does."""
 
     _client: Client
+
+    def _acquire_now(self) -> Any:
+        """Acquire; return the terms. An acquire that failed but may have been
+        granted is released at once."""
+        sent = time.monotonic()
+        try:
+            result = self._client._run(self._acquire_op())
+        except BaseException as error:
+            if self._release_after_failed_acquire() and _maybe_granted(error):
+                self._release_quietly()
+            raise
+        return self._make_terms(result, sent, time.monotonic())
+
+    def _release_quietly(self) -> None:
+        try:
+            self._client._run(self._release_op(), RELEASE_RETRIES)
+        except FencepostError as error:
+            report_failure(self._what, error)
+
+
+class _SyncHold(_SyncAcquiring):
+    """The threaded choreography of a hold: acquire, keep alive in a daemon
+    thread, and on exit stop the thread before releasing."""
 
     def _hold_init(self, client: Client) -> None:
         self._client = client
@@ -272,13 +322,7 @@ class _SyncHold(Holding):
 
 
     def __enter__(self) -> Self:
-        sent = time.monotonic()
-        try:
-            result = self._client._run(self._acquire_op())
-        except BaseException as error:
-            if self._release_after_failed_acquire() and _maybe_granted(error):
-                self._release_quietly()
-            raise
+        results = self._acquire_now()
         self._held = True
         owner = threading.current_thread()
         self._keepers = [
@@ -286,7 +330,7 @@ class _SyncHold(Holding):
                 target=self._keep, args=(terms, owner), name=f"fencepost-keep-{self._what}",
                 daemon=True,
             )
-            for terms in self._make_terms(result, sent, time.monotonic())
+            for terms in results
         ]
         for keeper in self._keepers:
             keeper.start()
@@ -305,12 +349,6 @@ class _SyncHold(Holding):
         self._held = False
         if self._should_raise_on_exit(exc is not None):
             raise self.lost_error()
-
-    def _release_quietly(self) -> None:
-        try:
-            self._client._run(self._release_op(), RELEASE_RETRIES)
-        except FencepostError as error:
-            report_failure(self._what, error)
 
     def _keep(self, terms: Terms, owner: threading.Thread) -> None:
         program = keep_alive(terms, timeout=self._client.settings.timeout)
@@ -354,3 +392,59 @@ class SlotHold(SlotFacts, _SyncHold):
     def __init__(self, client: Client, pool: str, **options: Any) -> None:
         SlotFacts.__init__(self, pool, **options)
         self._hold_init(client)
+
+
+class SessionHold(SessionFacts["AttachedLock", "AttachedLockSet", "AttachedSlot"], _SyncHold):
+    """A session held by `with client.session(...)`; see `Client.session`."""
+
+    def __init__(self, client: Client, **options: Any) -> None:
+        SessionFacts.__init__(
+            self, kinds=AttachedKinds(AttachedLock, AttachedLockSet, AttachedSlot), **options
+        )
+        self._hold_init(client)
+
+
+class _SyncAttached(_SyncAcquiring):
+    """A hold attached to a session, blocking: acquire, and on exit release;
+    nothing runs in between (the session's heartbeat renews it)."""
+
+    def __enter__(self) -> Self:
+        self.check()  # a lost session takes nothing more: raise its loss at once
+        self._acquire_now()
+        self._held = True
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            self._release_quietly()
+        finally:
+            self._held = False
+        if self._should_raise_on_exit(exc is not None):
+            raise self.lost_error()
+
+
+class AttachedLock(AttachedLockFacts, _SyncAttached):
+    """A lock held by `with session.lock(...)`; see `SessionHold.lock`."""
+
+    def __init__(self, session: SessionHold, key: str, **options: Any) -> None:
+        AttachedLockFacts.__init__(self, session, key, **options)
+        self._client = session._client
+
+
+class AttachedSlot(AttachedSlotFacts, _SyncAttached):
+    """A slot held by `with session.slot(...)`; see `SessionHold.slot`."""
+
+    def __init__(self, session: SessionHold, pool: str, **options: Any) -> None:
+        AttachedSlotFacts.__init__(self, session, pool, **options)
+        self._client = session._client
+
+
+class AttachedLockSet(AttachedLockSetFacts, _SyncAttached):
+    """Locks held by `with session.lock_many(...)`; see `SessionHold.lock_many`."""
+
+    def __init__(self, session: SessionHold, keys: Iterable[str], **options: Any) -> None:
+        AttachedLockSetFacts.__init__(self, session, keys, **options)
+        self._client = session._client

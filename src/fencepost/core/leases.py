@@ -54,6 +54,16 @@ class EndReason(StrEnum):
     RELEASED = "released"
     FORCE_RELEASED = "force_released"
     SUPERSEDED = "superseded"
+    # A lease attached to a session (SPEC §3.10) ends with it.
+    SESSION_EXPIRED = "session_expired"
+    SESSION_ENDED = "session_ended"
+
+
+# Ends the holder itself asked for, reported as they are even when the lock is
+# held by someone else since.
+_OWN_ENDS = (EndReason.RELEASED, EndReason.FORCE_RELEASED, EndReason.SESSION_ENDED)
+# Ends by running out of time: they start a lock delay (SPEC §3.9).
+_TIMED_OUT = (EndReason.EXPIRED, EndReason.SESSION_EXPIRED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +84,9 @@ class Lease:
     # Applied when the lease ends by expiry or force release (SPEC §3.9).
     lock_delay_ms: int = 0
     mode: Mode = Mode.EXCLUSIVE
+    # The session the lease is attached to (SPEC §3.10): its expiry is kept
+    # equal to the session's, and it ends with the session.
+    session_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +100,10 @@ class AcquireRequest:
     wait_ms: int = 0  # how long the caller will wait in line; 0 fails fast
     lock_delay_seconds: int = 0
     mode: Mode = Mode.EXCLUSIVE
+    session_id: str | None = None  # attach the lease to this session (SPEC §3.10)
+    # The session's expiry, filled in by the store from the session's row in
+    # the transaction that decides the acquire; the lease's expiry follows it.
+    session_expires_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,12 +165,16 @@ def end_of_life_ms(lease: Lease) -> int:
 
 def new_lease(key: str, request: AcquireRequest, now_ms: int, fencing_token: int) -> Lease:
     deadline = now_ms + LEASE_LIFETIME_MS
+    if request.session_expires_ms is not None:
+        expires = request.session_expires_ms  # it has no expiry of its own
+    else:
+        expires = now_ms + request.ttl_seconds * MS_PER_SECOND
     return Lease(
         key=key,
         lock_token=request.lock_token,
         fencing_token=fencing_token,
         acquired_ms=now_ms,
-        expires_ms=min(now_ms + request.ttl_seconds * MS_PER_SECOND, deadline),
+        expires_ms=min(expires, deadline),
         deadline_ms=deadline,
         operation=request.operation,
         metadata_json=request.metadata_json,
@@ -161,6 +182,7 @@ def new_lease(key: str, request: AcquireRequest, now_ms: int, fencing_token: int
         key_id=request.key_id,
         lock_delay_ms=request.lock_delay_seconds * MS_PER_SECOND,
         mode=request.mode,
+        session_id=request.session_id,
     )
 
 
@@ -170,11 +192,11 @@ def delay_until_ms(lease: Lease, reason: EndReason, now_ms: int) -> int | None:
     expired lease (however late it is noticed), the force release's instant."""
     if lease.lock_delay_ms <= 0:
         return None
-    if reason is EndReason.EXPIRED:
+    if reason in _TIMED_OUT:
         return end_of_life_ms(lease) + lease.lock_delay_ms
     if reason is EndReason.FORCE_RELEASED:
         return now_ms + lease.lock_delay_ms
-    return None  # the holder's own release: it knows its writes have landed
+    return None  # the holder's own release (or its session's end): it knows its writes landed
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +243,7 @@ def judge_acquire(
     for lease in state.leases:
         if is_live(lease, now_ms):
             continue
-        own = delay_until_ms(lease, EndReason.EXPIRED, now_ms)  # dead, not yet reaped
+        own = delay_until_ms(lease, dead_reason(lease), now_ms)  # dead, not yet reaped
         if own is not None and (blocked_until is None or own > blocked_until):
             blocked_until = own
     if blocked_until is not None and now_ms < blocked_until:
@@ -333,14 +355,23 @@ def lost_reason(
 ) -> EndReason | None:
     """Why `lock_token` no longer holds the lock, where the server knows it."""
     if current is not None and current.lock_token == lock_token:
-        return EndReason.EXPIRED  # still on record, but dead
-    if ended in (EndReason.RELEASED, EndReason.FORCE_RELEASED):
+        return dead_reason(current)  # still on record, but dead
+    if ended in _OWN_ENDS or ended is EndReason.SESSION_EXPIRED:
+        # A session's end is worth more to its holder than who took the lock next.
         return ended
     if ended is not None:
         if current is not None and is_live(current, now_ms):
             return EndReason.SUPERSEDED
         return ended
     return None
+
+
+def dead_reason(lease: Lease) -> EndReason:
+    """Why a lease that is dead by the clock ended: its own expiry, or its
+    session's (its expiry is the session's until its 90-day deadline)."""
+    if lease.session_id is not None and lease.expires_ms < lease.deadline_ms:
+        return EndReason.SESSION_EXPIRED
+    return EndReason.EXPIRED
 
 
 def decide_renew(
@@ -353,7 +384,9 @@ def decide_renew(
     """The renewed lease, or raise LeaseLost / LeaseExpired.
 
     The new expiry is set outright (a shorter TTL shortens the lease), capped at
-    the absolute deadline. The fencing token never changes on renewal.
+    the absolute deadline. The fencing token never changes on renewal. A lease
+    attached to a session has no expiry of its own: renewing it is allowed,
+    changes nothing and answers the session's expiry (renew the session).
     """
     if current is None or current.lock_token != lock_token or not is_live(current, now_ms):
         reason = lost_reason(current, lock_token, now_ms, ended)
@@ -364,6 +397,8 @@ def decide_renew(
         )
     if current.on_expiry is OnExpiry.RELEASE and now_ms >= current.expires_ms - RENEW_MARGIN_MS:
         raise LeaseExpired(expires_in_ms=current.expires_ms - now_ms)
+    if current.session_id is not None:
+        return current
     expires = min(now_ms + ttl_seconds * MS_PER_SECOND, current.deadline_ms)
     return replace(current, expires_ms=expires)
 
@@ -406,7 +441,7 @@ def judge_fence(
     live_token = max((lease.fencing_token for lease in live), default=None)
     reason: str
     if mine is not None:
-        reason = EndReason.EXPIRED.value  # still on record, but dead
+        reason = dead_reason(mine).value  # still on record, but dead
     elif ended is EndReason.EXPIRED and live:
         reason = EndReason.SUPERSEDED.value
     elif ended is not None:

@@ -32,6 +32,9 @@ class Slot:
     acquired_ms: int
     lease_deadline_ms: int
     request_deadline_ms: int
+    # The session it is attached to (SPEC §3.10): its lease deadline is kept
+    # equal to the session's expiry, capped by its request deadline.
+    session_id: str | None = None
 
 
 def is_live(slot: Slot, now_ms: int) -> bool:
@@ -63,11 +66,15 @@ def clamp_wait_ms(config: PoolConfig, wanted_ms: int, no_queue: bool) -> int:
 
 
 def renew(slot: Slot | None, config: PoolConfig, now_ms: int) -> Slot:
-    """Extend a slot by one term, never past its request deadline."""
+    """Extend a slot by one term, never past its request deadline. A slot
+    attached to a session follows the session instead: renewing it is allowed
+    and changes nothing (renew the session)."""
     if slot is None or not is_live(slot, now_ms):
         raise NotFound("No such slot: it was released or reclaimed.")
     if slot.lease_deadline_ms >= slot.request_deadline_ms:
         raise Capped()
+    if slot.session_id is not None:
+        return slot
     deadline = min(now_ms + config.term_ms, slot.request_deadline_ms)
     return Slot(slot.slot_id, slot.pool, slot.acquired_ms, deadline, slot.request_deadline_ms)
 

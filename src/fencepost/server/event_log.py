@@ -1,5 +1,5 @@
 """The event log: one JSON line per lease granted or ended, lease lost, key or
-pool changed, and caller refused (the event hub's subscriber).
+pool changed, session started, ended or lost, and caller refused (the event hub's subscriber).
 
 Each line has `ts`, `"log": "event"`, `event`, and `request_id`, `project` and
 `key_id` of the request that caused it (null for what the reaper did). Never a
@@ -12,7 +12,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from fencepost.events import Ended, Event, Granted, KeyChanged, Lost, Origin, PoolChanged, Refused
+from fencepost.events import (
+    Ended,
+    Event,
+    Granted,
+    KeyChanged,
+    Lost,
+    Origin,
+    PoolChanged,
+    Refused,
+    SessionChanged,
+)
 from fencepost.server.access_log import AccessLog
 
 
@@ -51,6 +61,11 @@ class EventLog:
         elif isinstance(event, PoolChanged):
             self._write(f"pool.{event.action}", **_who(event.origin, event.project),
                         pool=event.pool)
+        elif isinstance(event, SessionChanged):
+            counts = {"leases": event.leases, "slots": event.slots} if event.action == "ended" \
+                else {}
+            self._write(f"session.{event.action}", **_who(event.origin, event.project),
+                        reason=event.reason, **counts)
         elif isinstance(event, Refused):
             self._write("caller.refused", request_id=event.request_id, project=event.project,
                         key_id=event.key_id, status=event.status, code=event.code,

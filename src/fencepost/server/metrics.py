@@ -47,6 +47,7 @@ from fencepost.events import (
     Lost,
     PoolChanged,
     Refused,
+    SessionChanged,
 )
 from fencepost.store.base import Census, PoolView
 
@@ -110,6 +111,11 @@ class Metrics:
             "fencepost_key_changes", "API keys created or revoked.", ["action"], registry=r)
         self.pool_changes = Counter(
             "fencepost_pool_changes", "Pools created, changed or deleted.", ["action"], registry=r)
+        self.sessions = Counter(
+            "fencepost_sessions",
+            "Sessions started, ended (the reaper included) and found lost by their holders' "
+            "renewals, by this process, with the reason an end or loss had.",
+            ["action", "reason"], registry=r)
         self.batch_size = Histogram(
             "fencepost_store_batch_size", "Operations per store batch (one transaction).",
             ["mode"], buckets=_BATCH_SIZE_BUCKETS, registry=r)
@@ -184,6 +190,8 @@ class Metrics:
             self.key_changes.labels(event.action).inc()
         elif isinstance(event, PoolChanged):
             self.pool_changes.labels(event.action).inc()
+        elif isinstance(event, SessionChanged):
+            self._child(self.sessions, event.action, event.reason or "").inc()
 
     # --- the store's hooks ---------------------------------------------------
     def observe_batch(self, writes: bool, size: int, seconds: float, failed: bool) -> None:
@@ -244,6 +252,10 @@ class SharedState(Collector):
             "Live `keep` leases past their expiry: held on, but no longer renewed.")
         overdue.add_metric([], census.overdue_leases)
         yield overdue
+        sessions = GaugeMetricFamily(
+            "fencepost_sessions_live", "Live sessions in the store (all replicas).")
+        sessions.add_metric([], census.live_sessions)
+        yield sessions
         yield from _pool_families(census.pools)
 
 

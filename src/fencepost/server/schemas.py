@@ -18,6 +18,11 @@ from fencepost.core.leases import (
     TTL_MIN_SECONDS,
 )
 from fencepost.core.names import NAME_PATTERN
+from fencepost.core.sessions import (
+    SESSION_ID_PATTERN,
+    SESSION_TTL_MAX_SECONDS,
+    SESSION_TTL_MIN_SECONDS,
+)
 
 TtlSeconds = Annotated[
     int,
@@ -39,6 +44,17 @@ Metadata = Annotated[
 # pools.py refuses any other slot ID as not found; tests/http/test_openapi_document.py
 # checks that the two agree.
 SLOT_ID_PATTERN = "^slot_[A-Za-z0-9_-]{16,64}$"
+SessionId = Annotated[
+    str,
+    Meta(pattern=SESSION_ID_PATTERN,
+         description="Attach to this session of the caller's (POST /v1/sessions): no expiry "
+         "of its own, it follows the session's and ends with it."),
+]
+SessionTtl = Annotated[
+    int,
+    Meta(ge=SESSION_TTL_MIN_SECONDS, le=SESSION_TTL_MAX_SECONDS,
+         description="Session length in seconds."),
+]
 
 
 class Request(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
@@ -60,6 +76,9 @@ LockKey = Annotated[str, Meta(pattern=NAME_PATTERN, min_length=1, max_length=128
 
 
 class AcquireLockBody(Request):
+    # Required as SPEC §3.1 says, even with `session_id` (then checked and not
+    # used: an attached lease's expiry is its session's), so that one schema
+    # describes every acquire and a forgotten TTL is never silently accepted.
     ttl_seconds: TtlSeconds
     wait_seconds: WaitSeconds = 0.0
     operation: Operation | None = None
@@ -67,6 +86,7 @@ class AcquireLockBody(Request):
     on_expiry: Literal["release", "keep"] = "release"
     lock_delay_seconds: LockDelaySeconds = 0
     mode: LockMode = "exclusive"
+    session_id: SessionId | None = None
 
 
 class AcquireLockSetBody(Request):
@@ -83,6 +103,7 @@ class AcquireLockSetBody(Request):
     on_expiry: Literal["release", "keep"] = "release"
     lock_delay_seconds: LockDelaySeconds = 0
     mode: LockMode = "exclusive"
+    session_id: SessionId | None = None
 
 
 class RenewLockBody(Request):
@@ -187,7 +208,8 @@ class FenceCheck(msgspec.Struct):
         int | None, Meta(description="The live lease's fencing token; null when none is live.")
     ]
     reason: Annotated[
-        Literal["expired", "released", "force_released", "superseded", "unknown"] | None,
+        Literal["expired", "released", "force_released", "superseded", "session_expired",
+                "session_ended", "unknown"] | None,
         Meta(description="Why a stale token is stale; null when current."),
     ]
 
@@ -290,8 +312,9 @@ class ErrorInfo(msgspec.Struct):
     ] | None = None
     waiters: Annotated[int, Meta(ge=0, description="lock_held: callers in line.")] | None = None
     reason: Annotated[
-        str, Meta(description="lease_lost: expired, released, force_released or superseded; "
-                  "lock_held: lock_delay while the lock is in its lock delay.")
+        str, Meta(description="lease_lost: expired, released, force_released, superseded, "
+                  "session_expired or session_ended; session_lost: session_expired or "
+                  "session_ended; lock_held: lock_delay while the lock is in its lock delay.")
     ] | None = None
     in_use: Annotated[int, Meta(ge=0, description="too_many_requests: slots held.")] | None = None
     effective_limit: Annotated[
@@ -425,6 +448,7 @@ class Deleted(msgspec.Struct):
 
 class AcquireSlotBody(Request):
     wait_ms: Count | None = None
+    session_id: SessionId | None = None
 
 
 class SlotGrant(msgspec.Struct):
@@ -462,3 +486,55 @@ class ReleaseSlotBody(Request):
     retry_after_ms: Count | None = None
     rate: RateState | None = None
     headers: Annotated[dict[HeaderName, HeaderValue], Meta(max_length=256)] | None = None
+
+
+# --- sessions (SPEC §3.10) ---------------------------------------------------------
+
+
+class CreateSessionBody(Request):
+    ttl_seconds: SessionTtl
+    name: Annotated[
+        str, Meta(min_length=1, max_length=128, description="Shown to its holder only.")
+    ] | None = None
+
+
+class RenewSessionBody(Request):
+    ttl_seconds: SessionTtl
+
+
+class SessionGrant(msgspec.Struct):
+    session_id: Annotated[str, Meta(description="The session's capability: keep it secret.")]
+    name: str | None
+    ttl_seconds: int
+    expires_at: At
+
+
+class SessionPool(msgspec.Struct):
+    pool: str
+    slots: int
+
+
+class SessionState(msgspec.Struct):
+    session_id: str
+    name: str | None
+    ttl_seconds: int
+    created_at: At
+    expires_at: At
+    live: bool
+    ended: Annotated[
+        Literal["session_expired", "session_ended"] | None,
+        Meta(description="Why it ended; null while live."),
+    ]
+    ended_at: At | None
+    keys: Annotated[list[str], Meta(description="Keys of the locks it holds (the first 1000).")]
+    leases: Annotated[int, Meta(description="How many leases it holds.")]
+    pools: Annotated[
+        list[SessionPool], Meta(description="Pools where it holds slots (the first 1000).")
+    ]
+    slots: Annotated[int, Meta(description="How many slots it holds.")]
+
+
+class SessionEnded(msgspec.Struct):
+    ended: Annotated[bool, Meta(description="False when it had already ended.")]
+    leases: int
+    slots: int

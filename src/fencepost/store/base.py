@@ -21,6 +21,7 @@ from fencepost.core.leases import (
     SetGranted,
 )
 from fencepost.core.ratelimit_headers import RateLimitInfo
+from fencepost.core.sessions import Session
 from fencepost.core.slots import PoolConfig, Slot
 
 
@@ -195,6 +196,7 @@ class Census:
     overdue_leases: int
     live_slots: int
     pools: list[tuple[str, PoolView]]  # (project, pool)
+    live_sessions: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +211,33 @@ class SlotAttempt:
     retry_after_ms: int | None = None  # when to try again (a waiter re-checks then)
     paused_until_ms: int | None = None  # set while the pool is paused (SPEC §4.5)
     pause_left_ms: int | None = None  # ... and how long it has to go, by the store's clock
+
+
+# How many lock keys and pools a session's view lists; `leases` and `slots`
+# still count them all (a session may hold tens of thousands of leases).
+SESSION_SHOWN = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class SessionView:
+    """A session and what it holds now (SPEC §3.10 `GET /v1/sessions/{id}`)."""
+
+    session: Session
+    now_ms: int
+    keys: list[str]  # the first SESSION_SHOWN lock keys it holds leases of, sorted
+    leases: int
+    pools: list[tuple[str, int]]  # (pool, live slots), the first SESSION_SHOWN by name
+    slots: int
+
+
+@dataclass(frozen=True, slots=True)
+class SessionEnded:
+    """`DELETE /v1/sessions/{id}`: whether this call ended it (False when it had
+    already ended), and how many live leases and slots ended with it."""
+
+    ended: bool
+    leases: int
+    slots: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,17 +385,22 @@ class Store(Protocol):
         """Remove the pool, its slots and its line; False when there is no such pool."""
 
     async def acquire_slot(
-        self, project: str, pool: str, *, wait_alive_ms: int | None, key_id: str | None = None
+        self, project: str, pool: str, *, wait_alive_ms: int | None, key_id: str | None = None,
+        session_id: str | None = None,
     ) -> SlotAttempt:
         """Admit, queue (when `wait_alive_ms` is given and the queue has room), or
         refuse. Raises NotFound for an unknown pool. A slot admitted records
-        `key_id`, the API key that asked."""
+        `key_id`, the API key that asked. With `session_id`, the slot is attached
+        to that session of `key_id`'s (NotFound when it is not theirs,
+        SessionLost when it has ended)."""
 
     async def retry_slot_waiter(
-        self, project: str, pool: str, ticket: int, alive_ms: int, key_id: str | None = None
+        self, project: str, pool: str, ticket: int, alive_ms: int, key_id: str | None = None,
+        session_id: str | None = None,
     ) -> SlotAttempt:
         """Admit a waiter when a slot is free and no live waiter is ahead of it.
-        Raises NotFound when the pool was deleted."""
+        Raises NotFound when the pool was deleted, SessionLost when the
+        waiter's session ended."""
 
     async def list_slots(self, project: str, pool: str) -> list[SlotHolderView]:
         """The pool's live slots, oldest first. Raises NotFound for an unknown pool."""
@@ -382,6 +416,27 @@ class Store(Protocol):
         """True when the slot was held. Raises NotFound for an unknown pool or a slot
         of another project or pool."""
 
+    # --- sessions (SPEC §3.10) ---------------------------------------------------
+    # A session belongs to the key that made it and to the keys refreshed from
+    # it; to any other key it does not exist (NotFound). Acquires attach to one
+    # through AcquireRequest.session_id and acquire_slot's `session_id`.
+    async def create_session(
+        self, project: str, key_id: str, ttl_seconds: int, name: str | None
+    ) -> Session: ...
+
+    async def renew_session(
+        self, project: str, key_id: str, session_id: str, ttl_seconds: int
+    ) -> Session:
+        """Set the expiry outright, and every attached lease's and slot's with it,
+        in one transaction. Raises NotFound, SessionLost or SessionExpired."""
+
+    async def end_session(self, project: str, key_id: str, session_id: str) -> SessionEnded:
+        """End the session and everything attached (reason `session_ended`).
+        Raises NotFound."""
+
+    async def get_session(self, project: str, key_id: str, session_id: str) -> SessionView:
+        """Raises NotFound."""
+
     async def keep_waiting(
         self, lines: dict[tuple[str, str, str], list[int]], alive_ms: int
     ) -> list[tuple[str, str, str]]:
@@ -391,6 +446,7 @@ class Store(Protocol):
         transaction was busy with them (tried again later)."""
 
     async def reap(self) -> int:
-        """Free every dead lease and slot and drop dead waiters: those whose place
-        was not refreshed in time, and every waiter of a replica (server process)
-        that died. Return how many leases and slots were freed."""
+        """Free every dead lease and slot, record the end of expired sessions, and
+        drop dead waiters: those whose place was not refreshed in time, and every
+        waiter of a replica (server process) that died. Return how many leases
+        and slots were freed."""

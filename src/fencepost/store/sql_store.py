@@ -13,9 +13,12 @@ from typing import Any, Awaitable, Callable, TypeVar
 
 from fencepost.core.keys import hash_secret, new_secret
 from fencepost.core.leases import AcquireRequest, FenceVerdict, Lease
+from fencepost.core.sessions import Session, SessionEnd
 from fencepost.core.slots import PoolConfig, Slot
 from fencepost.errors import StoreUnavailable
+from fencepost.events import SessionChanged
 from fencepost.store.base import (
+    SESSION_SHOWN,
     AcquireResult,
     BatchObserver,
     Census,
@@ -28,6 +31,8 @@ from fencepost.store.base import (
     LockView,
     NewKey,
     PoolView,
+    SessionEnded,
+    SessionView,
     SetAttempt,
     SlotAttempt,
     SlotHolderView,
@@ -35,7 +40,17 @@ from fencepost.store.base import (
 )
 from fencepost.store.batch import NO_KEYS, BatchWriter, Engine, Key, Keys, Tx
 from fencepost.store.health import WriteHealth, probe_writes
-from fencepost.store.sql import census, ended, fencing, keys, lines, locks, pools, slot_holders
+from fencepost.store.sql import (
+    census,
+    ended,
+    fencing,
+    keys,
+    lines,
+    locks,
+    pools,
+    sessions,
+    slot_holders,
+)
 from fencepost.store.sql.known_leases import KnownLeases
 from fencepost.store.sql.replicas import Liveness, Place
 
@@ -211,6 +226,11 @@ class SqlStore:
         self, project: str, key: str, request: AcquireRequest, *, wait_alive_ms: int | None
     ) -> AcquireResult:
         place = None if wait_alive_ms is None else self._place(wait_alive_ms)
+        if request.session_id is not None:
+            return await self._writer.run(
+                lambda tx: locks.acquire_attached(tx, self._known, project, key, request, place),
+                locks.key_of(project, key) + sessions.key_of(project, request.session_id),
+            )
         return await self._writer.run_steps(
             lambda tx: locks.acquire(tx, self._known, project, key, request, place),
             locks.key_of(project, key),
@@ -222,7 +242,7 @@ class SqlStore:
         place = self._place(alive_ms)
         return await self._writer.run(
             lambda tx: locks.retry_waiter(tx, self._known, project, key, request, ticket, place),
-            locks.key_of(project, key),
+            locks.key_of(project, key) + sessions.key_of(project, request.session_id),
         )
 
     async def acquire_lock_set(
@@ -232,7 +252,7 @@ class SqlStore:
         place = None if wait_alive_ms is None else self._place(wait_alive_ms)
         return await self._writer.run(
             lambda tx: locks.acquire_set(tx, self._known, project, keys, request, place),
-            locks.keys_of(project, keys),
+            locks.keys_of(project, keys) + sessions.key_of(project, request.session_id),
         )
 
     async def retry_set_waiter(
@@ -244,7 +264,7 @@ class SqlStore:
             lambda tx: locks.retry_set_waiter(
                 tx, self._known, project, keys, request, ticket, place
             ),
-            locks.keys_of(project, keys),
+            locks.keys_of(project, keys) + sessions.key_of(project, request.session_id),
         )
 
     async def leave_line(self, project: str, key: str, ticket: int) -> None:
@@ -308,25 +328,28 @@ class SqlStore:
         )
 
     async def acquire_slot(
-        self, project: str, pool: str, *, wait_alive_ms: int | None, key_id: str | None = None
+        self, project: str, pool: str, *, wait_alive_ms: int | None, key_id: str | None = None,
+        session_id: str | None = None,
     ) -> SlotAttempt:
         place = None if wait_alive_ms is None else self._place(wait_alive_ms)
         return await self._writer.run(
-            lambda tx: slot_holders.stamp_holder(
-                tx, pools.acquire(tx, project, pool, place), key_id
+            lambda tx: _attached_slot(
+                tx, project, key_id, session_id, lambda: pools.acquire(tx, project, pool, place)
             ),
-            pools.key_of(project, pool),
+            pools.key_of(project, pool) + sessions.key_of(project, session_id),
         )
 
     async def retry_slot_waiter(
-        self, project: str, pool: str, ticket: int, alive_ms: int, key_id: str | None = None
+        self, project: str, pool: str, ticket: int, alive_ms: int, key_id: str | None = None,
+        session_id: str | None = None,
     ) -> SlotAttempt:
         place = self._place(alive_ms)
         return await self._writer.run(
-            lambda tx: slot_holders.stamp_holder(
-                tx, pools.retry_waiter(tx, project, pool, ticket, place), key_id
+            lambda tx: _attached_slot(
+                tx, project, key_id, session_id,
+                lambda: pools.retry_waiter(tx, project, pool, ticket, place),
             ),
-            pools.key_of(project, pool),
+            pools.key_of(project, pool) + sessions.key_of(project, session_id),
         )
 
     async def list_slots(self, project: str, pool: str) -> list[SlotHolderView]:
@@ -349,6 +372,78 @@ class SqlStore:
             lambda tx: pools.release(tx, project, pool, slot_id, report),
             pools.key_of(project, pool),
         )
+
+    # --- sessions ------------------------------------------------------------------
+    async def create_session(
+        self, project: str, key_id: str, ttl_seconds: int, name: str | None
+    ) -> Session:
+        # No keys: the new row's id is drawn inside, and nobody knows it yet.
+        return await self._writer.run(
+            lambda tx: sessions.create(tx, project, key_id, ttl_seconds, name), NO_KEYS
+        )
+
+    async def _with_attached(
+        self, project: str, key_id: str, session_id: str, fn: Callable[[Tx], T]
+    ) -> T:
+        """Run `fn`, which moves or ends what is attached to the session, with
+        the session's key and the key of every lock and pool attached to it
+        declared (see batch.py). They are read first; attaching declares the
+        session's key too, so once the batch holds it nothing new attaches, and
+        a lease or slot attached between the read and the batch makes it read
+        again."""
+        while True:
+            attached = await self._read(
+                lambda tx: sessions.attached_keys(tx, project, session_id)
+            )
+            declared = set(attached)
+
+            def op(tx: Tx, declared: set[Key] = declared) -> T:
+                if not set(sessions.attached_keys(tx, project, session_id)) <= declared:
+                    raise _AttachedMoved
+                return fn(tx)
+
+            try:
+                return await self._writer.run(
+                    op, sessions.key_of(project, session_id) + tuple(sorted(declared))
+                )
+            except _AttachedMoved:
+                continue
+
+    async def renew_session(
+        self, project: str, key_id: str, session_id: str, ttl_seconds: int
+    ) -> Session:
+        def op(tx: Tx) -> Session:
+            # Contract: the session and everything attached move together, so an
+            # attached lease never outlives, nor dies before, its session.
+            renewed = sessions.renew(tx, project, session_id, key_id, ttl_seconds)
+            locks.follow_session(tx, session_id, renewed.expires_ms)
+            pools.follow_session(tx, session_id, renewed.expires_ms)
+            return renewed
+
+        return await self._with_attached(project, key_id, session_id, op)
+
+    async def end_session(self, project: str, key_id: str, session_id: str) -> SessionEnded:
+        def op(tx: Tx) -> SessionEnded:
+            if not sessions.mark_ended(tx, project, session_id, key_id):
+                return SessionEnded(False, 0, 0)
+            leases = locks.end_attached(tx, self._known, session_id)
+            slots = pools.end_attached(tx, session_id)
+            tx.events.append(SessionChanged(
+                "ended", project, SessionEnd.ENDED.value, tx.origin, leases, slots
+            ))
+            return SessionEnded(True, leases, slots)
+
+        return await self._with_attached(project, key_id, session_id, op)
+
+    async def get_session(self, project: str, key_id: str, session_id: str) -> SessionView:
+        def op(tx: Tx) -> SessionView:
+            session = sessions.load(tx, project, session_id, key_id)
+            keys, leases = locks.held_by_session(tx, session_id, SESSION_SHOWN)
+            held = pools.held_by_session(tx, session_id, SESSION_SHOWN)
+            slots = sessions.count_slots(tx, session_id)
+            return SessionView(session, tx.now_ms, keys, leases, held, slots)
+
+        return await self._read(op)
 
     # --- background ------------------------------------------------------------
     async def keep_waiting(
@@ -385,17 +480,40 @@ class SqlStore:
                 self._last_probe_ms = tx.now_ms
                 probe_writes(tx)
                 probed = self.health.failures
+            sessions_ended, more_sessions = sessions.reap(tx, self.reap_bound)
             leases, more_locks = locks.reap(tx, self._known, self.reap_bound)
             slots, more_slots = pools.reap(tx, self.reap_bound)
             more_memory = False
             if self._forget_before_ms is not None:
                 more_memory = ended.forget(tx, self._forget_before_ms, self.reap_bound)
+                forgotten = sessions.forget(tx, self._forget_before_ms, self.reap_bound)
+                more_memory = more_memory or forgotten
                 if not more_memory:
                     self._forget_before_ms = None
-            return leases + slots, more_locks or more_slots or more_memory
+            more = more_sessions or more_locks or more_slots or more_memory
+            return leases + slots, more
 
         # No keys declared: the reaper claims what it ends (see sql/bounded.py).
         reaped, more = await self._writer.run(op, NO_KEYS)
         if probed is not None:  # it committed: writes work (again)
             self.health.succeeded(probed)
         return reaped, more
+
+
+class _AttachedMoved(Exception):
+    """A lease or slot was attached to a session between the read of its keys
+    and the batch that moves or ends them: read them again."""
+
+
+def _attached_slot(
+    tx: Tx, project: str, key_id: str | None, session_id: str | None,
+    admit: Callable[[], SlotAttempt],
+) -> SlotAttempt:
+    """Admit (or queue) as `admit` does, recording who took the slot and, with
+    a session, attaching it. The session is checked before admission, so a
+    caller whose session has ended neither gets a slot nor joins the line."""
+    session = None if session_id is None else sessions.live(tx, project, session_id, key_id)
+    attempt = slot_holders.stamp_holder(tx, admit(), key_id)
+    if session is None:
+        return attempt
+    return pools.attach(tx, attempt, session.session_id, session.expires_ms)

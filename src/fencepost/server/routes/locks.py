@@ -97,6 +97,16 @@ def _metadata_json(metadata: dict[str, Any] | None) -> str | None:
     return encoded.decode()
 
 
+def _lease_ttl(body: schemas.AcquireLockBody | schemas.AcquireLockSetBody) -> int:
+    """The lease's own TTL (with a session it is not used: the lease's expiry
+    is the session's)."""
+    if body.session_id is not None and body.on_expiry != OnExpiry.RELEASE.value:
+        # A lease that outlives its session would defeat the session's purpose.
+        raise invalid_field("on_expiry", "a lease attached to a session ends with it: "
+                            "only \"release\" may be combined with session_id")
+    return body.ttl_seconds
+
+
 def _wanted(
     call: Call[schemas.AcquireLockBody] | Call[schemas.AcquireLockSetBody],
 ) -> AcquireRequest:
@@ -104,7 +114,7 @@ def _wanted(
     call.acquire_log.waited = body.wait_seconds > 0
     return AcquireRequest(
         lock_token=call.params["x-lock-token"],
-        ttl_seconds=body.ttl_seconds,
+        ttl_seconds=_lease_ttl(body),
         operation=body.operation,
         metadata_json=_metadata_json(body.metadata),
         on_expiry=OnExpiry(body.on_expiry),
@@ -112,6 +122,7 @@ def _wanted(
         wait_ms=round(body.wait_seconds * 1000),
         lock_delay_seconds=body.lock_delay_seconds,
         mode=Mode(body.mode),
+        session_id=body.session_id,
     )
 
 

@@ -196,7 +196,8 @@ async def acquire(call: Call[schemas.AcquireSlotBody | None]) -> Response:
         raise NotFound(f"No pool named {pool!r}.")
     wait_ms = rules.clamp_wait_ms(view.config, wanted_ms, no_queue)
     log.waited = wait_ms > 0
-    line = _SlotLine(svc.store, caller.project, pool, caller.key_id, wait_ms)
+    session_id = None if call.body is None else call.body.session_id
+    line = _SlotLine(svc.store, caller.project, pool, caller.key_id, wait_ms, session_id)
     admitted = await wait_for_grant(svc.waiters, line, wait_ms / 1000, call.request.gone)
     slot = admitted.slot
     assert slot is not None
@@ -226,8 +227,12 @@ def _grant_body(slot: Slot, config: PoolConfig) -> schemas.SlotGrant:
 class _SlotLine:
     """A pool's line in the store (waiting.Line)."""
 
-    def __init__(self, store: Store, project: str, pool: str, key_id: str, wait_ms: int) -> None:
+    def __init__(
+        self, store: Store, project: str, pool: str, key_id: str, wait_ms: int,
+        session_id: str | None,
+    ) -> None:
         self._store = store
+        self._session_id = session_id  # attach the slot to it (SPEC §3.10)
         self._project = project
         self._pool = pool
         self._key_id = key_id
@@ -240,11 +245,12 @@ class _SlotLine:
     async def try_once(self, wait: bool) -> Outcome[SlotAttempt]:
         alive_ms = WAITER_ALIVE_MS if wait else None
         return _outcome(await self._store.acquire_slot(
-            self._project, self._pool, wait_alive_ms=alive_ms, key_id=self._key_id))
+            self._project, self._pool, wait_alive_ms=alive_ms, key_id=self._key_id,
+            session_id=self._session_id))
 
     async def retry(self, ticket: int) -> Outcome[SlotAttempt]:
         return _outcome(await self._store.retry_slot_waiter(
-            self._project, self._pool, ticket, WAITER_ALIVE_MS, self._key_id))
+            self._project, self._pool, ticket, WAITER_ALIVE_MS, self._key_id, self._session_id))
 
     async def leave(self, ticket: int) -> None:
         await self._store.leave_slot_line(self._project, self._pool, ticket)

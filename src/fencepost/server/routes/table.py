@@ -14,6 +14,7 @@ from typing import Any, Awaitable, Callable
 
 from fencepost.core.keys import Role
 from fencepost.core.names import NAME_PATTERN
+from fencepost.core.sessions import SESSION_ID_PATTERN
 from fencepost.errors import (
     Capped,
     FencepostError,
@@ -23,6 +24,8 @@ from fencepost.errors import (
     LockHeld,
     NotFound,
     QueueTimeout,
+    SessionExpired,
+    SessionLost,
     ShuttingDown,
     StoreUnavailable,
     TooManyRequests,
@@ -35,7 +38,7 @@ from fencepost.server.context import Call
 from fencepost.server.listing import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT
 from fencepost.server.messages import Response
 from fencepost.server.params import Param
-from fencepost.server.routes import docs, keys, locks, pools, system, ui
+from fencepost.server.routes import docs, keys, locks, pools, sessions, system, ui
 
 Handler = Callable[[Call[Any]], Awaitable[Response]]
 
@@ -74,6 +77,10 @@ PATH_PARAMS = {
     "slot_id": Param(
         "slot_id", "path", {"type": "string", "pattern": schemas.SLOT_ID_PATTERN},
         "The slot_id from the acquire answer.", True, NotFound, "No such slot.",
+    ),
+    "session_id": Param(
+        "session_id", "path", {"type": "string", "pattern": SESSION_ID_PATTERN},
+        "The session_id from POST /v1/sessions.", True, NotFound, "No such session.",
     ),
     "id": Param(
         "id", "path", {"type": "string", "minLength": 1, "maxLength": 64},
@@ -115,7 +122,7 @@ ROUTES: tuple[RouteSpec, ...] = (
                    (200, schemas.LeaseGrant,
                     "This lock token already holds the lock (a retried acquire): "
                     "the lease is unchanged.")),
-        errors=(LockHeld, ShuttingDown),
+        errors=(LockHeld, NotFound, SessionLost, ShuttingDown),
         params=(LOCK_TOKEN, REQUEST_ID),
         logged=AcquireLogged("lock.acquire", "lock", "key"),
     ),
@@ -209,7 +216,7 @@ ROUTES: tuple[RouteSpec, ...] = (
         "POST", "/v1/pools/{pool}/lock/acquire", pools.acquire, "acquireSlot",
         "Acquire a slot", Role.MEMBER, schemas.AcquireSlotBody, body_optional=True,
         responses=((200, schemas.SlotGrant, "Admitted."),),
-        errors=(NotFound, TooManyRequests, QueueTimeout, ShuttingDown),
+        errors=(NotFound, SessionLost, TooManyRequests, QueueTimeout, ShuttingDown),
         params=(
             Param("X-Queue-Timeout-Ms", "header",
                   {"type": "integer", "minimum": 0, "maximum": 999_999_999_999},
@@ -234,6 +241,34 @@ ROUTES: tuple[RouteSpec, ...] = (
         schemas.ReleaseSlotBody, body_optional=True,
         responses=((200, schemas.Released,
                     "`released` tells whether the slot was held (idempotent)."),),
+        errors=(NotFound,),
+    ),
+    RouteSpec(
+        "POST", "/v1/sessions", sessions.create, "createSession",
+        "Start a session: one heartbeat for many leases and slots", Role.MEMBER,
+        schemas.CreateSessionBody,
+        responses=((201, schemas.SessionGrant,
+                    "Started; it belongs to the calling key (and keys refreshed from it)."),),
+    ),
+    RouteSpec(
+        "PATCH", "/v1/sessions/{session_id}", sessions.renew, "renewSession",
+        "Renew a session, and with it every lease and slot attached", Role.MEMBER,
+        schemas.RenewSessionBody,
+        responses=((200, schemas.SessionGrant, "Renewed: its expiry is now + ttl_seconds."),),
+        errors=(NotFound, SessionExpired, SessionLost),
+    ),
+    RouteSpec(
+        "DELETE", "/v1/sessions/{session_id}", sessions.end, "endSession",
+        "End a session, and every lease and slot attached", Role.MEMBER,
+        responses=((200, schemas.SessionEnded,
+                    "Ended (`ended` false when it had already ended), with how many leases "
+                    "and slots ended with it."),),
+        errors=(NotFound,),
+    ),
+    RouteSpec(
+        "GET", "/v1/sessions/{session_id}", sessions.inspect, "getSession",
+        "Inspect a session and what it holds", Role.READER,
+        responses=((200, schemas.SessionState, "The session, the locks and pools it holds."),),
         errors=(NotFound,),
     ),
     RouteSpec(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fencepost.store.base import Census
 from fencepost.store.batch import Tx
-from fencepost.store.sql import pools
+from fencepost.store.sql import pools, sessions
 
 # Pools are made by admins and few; a bound keeps a scrape cheap regardless.
 MAX_POOLS = 500
@@ -26,4 +26,4 @@ def read(tx: Tx) -> Census:
         "SELECT project, name FROM pools ORDER BY project, name LIMIT ?", (MAX_POOLS,)
     ).fetchall()
     views = [(p, v) for p, n in names if (v := pools.view(tx, p, n)) is not None]
-    return Census(int(live), int(overdue), int(slots), views)
+    return Census(int(live), int(overdue), int(slots), views, sessions.count_live(tx))

@@ -37,7 +37,7 @@ from fencepost.store.base import (
     lock_freed,
 )
 from fencepost.store.batch import UNDECIDED, Cursor, Key, Keys, Step, Tx, Undecided
-from fencepost.store.sql import ended, fencing
+from fencepost.store.sql import ended, fencing, sessions
 from fencepost.store.sql.bounded import delete_oldest_claimed
 from fencepost.store.sql.known_leases import KnownLeases
 from fencepost.store.sql.replicas import Place
@@ -59,6 +59,7 @@ class _LeaseRow(NamedTuple):
     key_id: str | None
     lock_delay_ms: int
     mode: str
+    session_id: str | None  # attached to this session (SPEC §3.10)
 
 
 _LEASE_COLUMNS = columns(_LeaseRow)
@@ -68,7 +69,7 @@ _NO_TICKET = 2**62
 _WAITER_COLUMNS = "w.key_id, k.name, w.since_ms, w.gives_up_ms"
 _LEASE_VALUES = (
     "project, key, lock_token, fencing_token, acquired_ms, expires_ms, deadline_ms, dies_ms, "
-    "operation, metadata, on_expiry, key_id, lock_delay_ms, mode"
+    "operation, metadata, on_expiry, key_id, lock_delay_ms, mode, session_id"
 )
 KIND = "lock"
 
@@ -152,6 +153,7 @@ def _lease(row: Any) -> Lease:
         key_id=r.key_id,
         lock_delay_ms=int(r.lock_delay_ms),
         mode=Mode(r.mode),
+        session_id=r.session_id,
     )
 
 
@@ -205,6 +207,7 @@ def _lease_values(project: str, lease: Lease) -> tuple[Any, ...]:
         lease.expires_ms, lease.deadline_ms, rules.end_of_life_ms(lease), lease.operation,
         lease.metadata_json, lease.on_expiry.value, lease.key_id, lease.lock_delay_ms,
         lease.mode.value,
+        lease.session_id,
     )
 
 
@@ -255,7 +258,7 @@ def _settle(
             # Dead leases not yet reaped end here, as the reaper would end them.
             if not rules.is_live(dead, tx.now_ms):
                 known.forget(project, dead)
-                end_lease(tx, project, dead, EndReason.EXPIRED)
+                end_lease(tx, project, dead, rules.dead_reason(dead))
         tx.execute(f"INSERT INTO locks ({_LEASE_VALUES}) VALUES ({_lease_places(None)})",
                    _lease_values(project, lease))
         known.put(project, lease)
@@ -279,6 +282,37 @@ def report_grant(tx: Tx, project: str, lease: Lease) -> None:
     tx.events.append(LeaseGranted(
         "lock", project, lease.key, lease.fencing_token, tx.origin, lease.mode.value
     ))
+
+
+def acquire_attached(
+    tx: Tx,
+    known: KnownLeases,
+    project: str,
+    key: str,
+    request: AcquireRequest,
+    place: Place | None,
+) -> AcquireResult:
+    """An acquire with a `session_id` (SPEC §3.10): the session's row, read in
+    the same transaction, must be live and the caller's, and gives the lease
+    its expiry. A plain operation: the session is read before anything else."""
+    attached = sessions.attach(tx, project, request)
+    return _decide_in_line(tx, known, project, key, attached, place)
+
+
+def _decide_in_line(
+    tx: Tx,
+    known: KnownLeases,
+    project: str,
+    key: str,
+    request: AcquireRequest,
+    place: Place | None,
+) -> AcquireResult:
+    """The general case: read the leases, the line and the delay, decide, and
+    grant or (with a place) join the line."""
+    decided = _single(_settle(tx, known, project, [key], request, None))
+    if isinstance(decided, Granted) or place is None:
+        return AcquireResult(decided)
+    return AcquireResult(decided, join_line(tx, project, [key], request, place))
 
 
 def acquire(
@@ -324,10 +358,7 @@ def acquire(
         return UNDECIDED
 
     def otherwise() -> AcquireResult:
-        decided = _single(_settle(tx, known, project, [key], request, None))
-        if isinstance(decided, Granted) or place is None:
-            return AcquireResult(decided)
-        return AcquireResult(decided, join_line(tx, project, [key], request, place))
+        return _decide_in_line(tx, known, project, key, request, place)
 
     return Step(answer, otherwise)
 
@@ -341,11 +372,21 @@ def acquire_set(
     place: Place | None,
 ) -> SetAttempt:
     """All or nothing (SPEC §3.7); refused and `place` given: one ticket, a
-    place in every key's line."""
+    place in every key's line. With a `session_id`, the session is read
+    first, as for one key (SPEC §3.10)."""
+    request = _attached(tx, project, request)
     outcome = _settle(tx, known, project, keys, request, None)
     if isinstance(outcome, SetGranted) or place is None:
         return SetAttempt(outcome)
     return SetAttempt(outcome, join_line(tx, project, keys, request, place))
+
+
+def _attached(tx: Tx, project: str, request: AcquireRequest) -> AcquireRequest:
+    """The request with its session's expiry, if it names a session: read on
+    every attempt, since the session may have ended while the caller waited."""
+    if request.session_id is None:
+        return request
+    return sessions.attach(tx, project, request)
 
 
 def _keep_place(
@@ -376,6 +417,7 @@ def retry_waiter(
     ticket: int,
     place: Place,
 ) -> AcquireResult:
+    request = _attached(tx, project, request)
     ticket = _keep_place(tx, project, [key], request, ticket, place)
     outcome = _single(_settle(tx, known, project, [key], request, ticket))
     if isinstance(outcome, Granted):
@@ -396,6 +438,7 @@ def retry_set_waiter(
     """A waiting set is granted when it is at the head of every key's line
     (behind shared waiters only, for a shared set) and every key is free for
     it, all in this one transaction."""
+    request = _attached(tx, project, request)
     ticket = _keep_place(tx, project, keys, request, ticket, place)
     outcome = _settle(tx, known, project, keys, request, ticket)
     if isinstance(outcome, SetGranted):
@@ -503,7 +546,7 @@ def release(
         lease = _lease(row)
         known.forget(project, lease)
         released = rules.holds(lease, lock_token, tx.now_ms)
-        reason = EndReason.RELEASED if released else EndReason.EXPIRED
+        reason = EndReason.RELEASED if released else rules.dead_reason(lease)
         ended.remember(
             tx, project, key, lock_token, lease.fencing_token, reason, lease.acquired_ms
         )
@@ -522,7 +565,8 @@ def force_release(
     tx: Tx, known: KnownLeases, project: str, key: str, by: ForceReleaser
 ) -> ForceReleased:
     """End every live lease of the lock if `by` may (else raise Forbidden,
-    changing nothing); dead ones on record end as expired."""
+    changing nothing); dead ones on record end as they died (expired, or
+    with their session)."""
     leases = load_leases(tx, project, key)
     live = live_of(leases, tx.now_ms)
     if live and not rules.may_force_release_all(live, by.key_id, by.is_admin):
@@ -533,7 +577,8 @@ def force_release(
     for lease in leases:
         known.forget(project, lease)
         alive = rules.is_live(lease, tx.now_ms)
-        end_lease(tx, project, lease, EndReason.FORCE_RELEASED if alive else EndReason.EXPIRED)
+        reason = EndReason.FORCE_RELEASED if alive else rules.dead_reason(lease)
+        end_lease(tx, project, lease, reason)
     return ForceReleased(key, live[0] if live else None, tx.now_ms, len(live))
 
 
@@ -673,11 +718,12 @@ def reap(tx: Tx, known: KnownLeases, bound: int) -> tuple[int, bool]:
         lease = _lease(row)
         (project,) = row[_AFTER_LEASE:]
         known.forget(project, lease)
+        reason = rules.dead_reason(lease)  # an attached lease dies with its session
         ended.remember(
-            tx, project, lease.key, lease.lock_token, lease.fencing_token, EndReason.EXPIRED,
+            tx, project, lease.key, lease.lock_token, lease.fencing_token, reason,
             lease.acquired_ms,
         )
-        start_delay(tx, project, lease, EndReason.EXPIRED)
+        start_delay(tx, project, lease, reason)
         tx.events.append(lock_freed(project, lease.key))
     # Locks whose delay is over: their lines may go now (SPEC §3.9).
     delays_over, more_delays = delete_oldest_claimed(
@@ -694,3 +740,56 @@ def reap(tx: Tx, known: KnownLeases, bound: int) -> tuple[int, bool]:
     for project, key in {(p, k) for p, k in gone}:
         tx.events.append(lock_freed(project, key))
     return len(dead), more or more_delays or more_waiters
+
+
+def end_attached(tx: Tx, known: KnownLeases, session_id: str) -> int:
+    """End every lease attached to a session its holder ended (SPEC §3.10);
+    return how many were live. One statement by the session index."""
+    gone = tx.execute(
+        f"DELETE FROM locks WHERE session_id = ? RETURNING {_LEASE_COLUMNS}, project",
+        (session_id,),
+    ).fetchall()
+    live = 0
+    for row in gone:
+        lease = _lease(row)
+        (project,) = row[_AFTER_LEASE:]
+        known.forget(project, lease)
+        alive = rules.is_live(lease, tx.now_ms)
+        live += alive
+        reason = EndReason.SESSION_ENDED if alive else rules.dead_reason(lease)
+        ended.remember(
+            tx, project, lease.key, lease.lock_token, lease.fencing_token, reason,
+            lease.acquired_ms,
+        )
+        start_delay(tx, project, lease, reason)
+        tx.events.append(lock_freed(project, lease.key))
+    return live
+
+
+def follow_session(tx: Tx, session_id: str, expires_ms: int) -> None:
+    """Keep the expiry of every live lease attached to a session equal to the
+    session's (never past a lease's own deadline), in the transaction that
+    renews the session. Attached leases are `release` leases, so they die at
+    that expiry. A dead lease is left dead for the reaper."""
+    tx.execute(
+        "UPDATE locks SET expires_ms = CASE WHEN deadline_ms < ? THEN deadline_ms ELSE ? END, "
+        "dies_ms = CASE WHEN deadline_ms < ? THEN deadline_ms ELSE ? END "
+        "WHERE session_id = ? AND dies_ms > ?",
+        (expires_ms, expires_ms, expires_ms, expires_ms, session_id, tx.now_ms),
+    )
+
+
+def held_by_session(tx: Tx, session_id: str, limit: int) -> tuple[list[str], int]:
+    """The keys of the live leases attached to a session (the first `limit`,
+    sorted, each once: shared leases of one key may share a session) and how
+    many leases there are."""
+    rows = tx.execute(
+        "SELECT DISTINCT key FROM locks WHERE session_id = ? AND dies_ms > ? "
+        "ORDER BY key LIMIT ?",
+        (session_id, tx.now_ms, limit),
+    ).fetchall()
+    (count,) = tx.execute(
+        "SELECT COUNT(*) FROM locks WHERE session_id = ? AND dies_ms > ?",
+        (session_id, tx.now_ms),
+    ).fetchone()
+    return [key for (key,) in rows], int(count)

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 from fencepost.core import governor as gov
 from fencepost.core import slots as rules
 from fencepost.core.governor import GovernorState, Hint, Outcome
+from fencepost.core.sessions import attached_expiry_ms
 from fencepost.core.slots import PoolConfig, Slot
 from fencepost.errors import NotFound
 from fencepost.events import Ended, Granted, PoolChanged
@@ -94,6 +95,7 @@ class _SlotRow(NamedTuple):
     acquired_ms: int
     lease_deadline_ms: int
     request_deadline_ms: int
+    session_id: str | None  # attached to this session (SPEC §3.10)
 
 
 _CONFIG_COLUMNS = columns(_ConfigRow)
@@ -224,7 +226,8 @@ def _stats(r: _StatsRow) -> PoolStats:
 def _slot(row: Any) -> Slot:
     """The slot of a row that starts with the slot columns."""
     r = _SlotRow._make(row[:_AFTER_SLOT])
-    return Slot(r.slot_id, r.pool, r.acquired_ms, r.lease_deadline_ms, r.request_deadline_ms)
+    return Slot(r.slot_id, r.pool, r.acquired_ms, r.lease_deadline_ms, r.request_deadline_ms,
+                r.session_id)
 
 
 def _pool(row: Any, pool: str) -> _Pool:
@@ -339,9 +342,9 @@ def _admit(tx: Tx, project: str, pool: str, state: _Pool, used: int) -> SlotAtte
     now = tx.now_ms
     slot = rules.new_slot(new_slot_id(), pool, state.config, now)
     tx.execute(
-        f"INSERT INTO slots (project, {_SLOT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)",
+        f"INSERT INTO slots (project, {_SLOT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
         (project, slot.slot_id, pool, slot.acquired_ms, slot.lease_deadline_ms,
-         slot.request_deadline_ms),
+         slot.request_deadline_ms, slot.session_id),
     )
     interval = state.pace_interval_ms
     if interval is not None:
@@ -560,12 +563,14 @@ def _record_release(tx: Tx, project: str, pool: str, report: SlotReport | None) 
     return _pool(row, pool)
 
 
-def _count_reclaimed(tx: Tx, project: str, pool: str, count: int) -> None:
+def _count_reclaimed(
+    tx: Tx, project: str, pool: str, count: int, reason: str = "reclaimed"
+) -> None:
     tx.execute(
         "UPDATE pools SET reclaimed = reclaimed + ? WHERE project = ? AND name = ?",
         (count, project, pool),
     )
-    tx.events.append(Ended("slot", project, pool, "reclaimed", None, tx.origin, count))
+    tx.events.append(Ended("slot", project, pool, reason, None, tx.origin, count))
 
 
 def reap(tx: Tx, bound: int) -> tuple[int, bool]:
@@ -574,13 +579,16 @@ def reap(tx: Tx, bound: int) -> tuple[int, bool]:
     was reached (more may be left for the next pass)."""
     dead, more = delete_oldest_claimed(
         tx, KIND, "slots", "slot_id", "pool", "lease_deadline_ms", tx.now_ms, bound,
-        "project, pool",
+        "project, pool, session_id, lease_deadline_ms, request_deadline_ms",
     )
-    per_pool: dict[tuple[str, str], int] = {}
-    for project, pool in dead:
-        per_pool[(project, pool)] = per_pool.get((project, pool), 0) + 1
-    for (project, pool), count in per_pool.items():
-        _count_reclaimed(tx, project, pool, count)
+    per_pool: dict[tuple[str, str, str], int] = {}
+    for project, pool, session_id, lease_deadline, request_deadline in dead:
+        # An attached slot's deadline is its session's until its own cap.
+        timed_out = session_id is not None and lease_deadline < request_deadline
+        where = (project, pool, "session_expired" if timed_out else "reclaimed")
+        per_pool[where] = per_pool.get(where, 0) + 1
+    for (project, pool, reason), count in per_pool.items():
+        _count_reclaimed(tx, project, pool, count, reason)
         tx.events.append(pool_freed(project, pool))
     gone, more_waiters = delete_oldest_claimed(
         tx, KIND, "slot_waiters", "ticket", "pool", "alive_until_ms", tx.now_ms, bound,
@@ -589,3 +597,65 @@ def reap(tx: Tx, bound: int) -> tuple[int, bool]:
     for project, pool in {(p, n) for p, n in gone}:
         tx.events.append(pool_freed(project, pool))
     return len(dead), more or more_waiters
+
+
+# --- sessions (SPEC §3.10) --------------------------------------------------------
+
+
+def attach(tx: Tx, attempt: SlotAttempt, session_id: str, session_expires_ms: int) -> SlotAttempt:
+    """Attach the slot the attempt admitted (if any) to a session: its lease
+    deadline becomes the session's expiry, never past its request deadline."""
+    slot = attempt.slot
+    if slot is None:
+        return attempt
+    deadline = attached_expiry_ms(session_expires_ms, slot.request_deadline_ms)
+    tx.execute(
+        "UPDATE slots SET session_id = ?, lease_deadline_ms = ? WHERE slot_id = ?",
+        (session_id, deadline, slot.slot_id),
+    )
+    return replace(attempt, slot=replace(slot, lease_deadline_ms=deadline, session_id=session_id))
+
+
+def follow_session(tx: Tx, session_id: str, expires_ms: int) -> None:
+    """Keep every live attached slot's lease deadline equal to its session's
+    expiry (capped by its request deadline), as the session is renewed."""
+    tx.execute(
+        "UPDATE slots SET lease_deadline_ms = "
+        "CASE WHEN request_deadline_ms < ? THEN request_deadline_ms ELSE ? END "
+        "WHERE session_id = ? AND lease_deadline_ms > ?",
+        (expires_ms, expires_ms, session_id, tx.now_ms),
+    )
+
+
+def end_attached(tx: Tx, session_id: str) -> int:
+    """End every slot attached to a session its holder ended; return how many
+    were live. They count as released (the holder ended them) without a report."""
+    gone = tx.execute(
+        "DELETE FROM slots WHERE session_id = ? "
+        "RETURNING project, pool, acquired_ms, lease_deadline_ms",
+        (session_id,),
+    ).fetchall()
+    live = 0
+    for project, pool, acquired_ms, lease_deadline_ms in gone:
+        if lease_deadline_ms <= tx.now_ms:  # dead already, not yet reaped
+            _count_reclaimed(tx, project, pool, 1)
+            continue
+        live += 1
+        tx.execute(
+            "UPDATE pools SET released = released + 1 WHERE project = ? AND name = ?",
+            (project, pool),
+        )
+        held_ms = tx.now_ms - acquired_ms
+        tx.events.append(Ended("slot", project, pool, "session_ended", held_ms, tx.origin))
+        tx.events.append(pool_freed(project, pool))
+    return live
+
+
+def held_by_session(tx: Tx, session_id: str, limit: int) -> list[tuple[str, int]]:
+    """The pools where a session holds live slots, with how many, by pool name."""
+    rows = tx.execute(
+        "SELECT pool, COUNT(*) FROM slots WHERE session_id = ? AND lease_deadline_ms > ? "
+        "GROUP BY pool ORDER BY pool LIMIT ?",
+        (session_id, tx.now_ms, limit),
+    ).fetchall()
+    return [(row[0], int(row[1])) for row in rows]
