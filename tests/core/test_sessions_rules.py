@@ -104,7 +104,7 @@ def test_a_dead_attached_lease_ended_by_its_session_unless_its_deadline_came():
 def test_a_sessions_end_is_reported_even_after_someone_else_took_the_lock(reason):
     other = lease_rules.new_lease("k", AcquireRequest("other", 30), NOW, 9)
     assert lease_rules.lost_reason(other, "tok", NOW + 1, reason) is reason
-    verdict = lease_rules.judge_fence(other, 7, NOW + 1, reason)
+    verdict = lease_rules.judge_fence([other], 7, NOW + 1, reason)
     assert (verdict.current, verdict.reason) == (False, reason.value)
 
 

@@ -35,6 +35,12 @@ Operation = Annotated[
     str, Meta(min_length=1, max_length=64, description="What the holder is doing (deploy, exec).")
 ]
 At = Annotated[str, Meta(description="RFC 3339 UTC time with milliseconds and Z.")]
+OnExpiry = Annotated[
+    Literal["release", "keep"],
+    Meta(description='What happens at expires_at: "release" frees the lock, "keep" holds it '
+                     'overdue until released. A lease on a session ends with its session, so '
+                     '"keep" cannot be combined with session_id.'),
+]
 MAX_METADATA_BYTES = 4096
 Metadata = Annotated[
     dict[str, Any],
@@ -83,7 +89,7 @@ class AcquireLockBody(Request):
     wait_seconds: WaitSeconds = 0.0
     operation: Operation | None = None
     metadata: Metadata | None = None
-    on_expiry: Literal["release", "keep"] = "release"
+    on_expiry: OnExpiry = "release"
     lock_delay_seconds: LockDelaySeconds = 0
     mode: LockMode = "exclusive"
     session_id: SessionId | None = None
@@ -100,7 +106,7 @@ class AcquireLockSetBody(Request):
     wait_seconds: WaitSeconds = 0.0
     operation: Operation | None = None
     metadata: Metadata | None = None
-    on_expiry: Literal["release", "keep"] = "release"
+    on_expiry: OnExpiry = "release"
     lock_delay_seconds: LockDelaySeconds = 0
     mode: LockMode = "exclusive"
     session_id: SessionId | None = None

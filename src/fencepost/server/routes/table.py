@@ -133,7 +133,7 @@ ROUTES: tuple[RouteSpec, ...] = (
                    (200, schemas.LockSetGrant,
                     "This lock token already holds every key (a retried acquire): "
                     "the leases are unchanged.")),
-        errors=(LockHeld, ShuttingDown),
+        errors=(LockHeld, NotFound, SessionLost, ShuttingDown),
         params=(LOCK_TOKEN, REQUEST_ID),
         # The keys are in the body: the handler names them in the line.
         logged=AcquireLogged("lock_set.acquire", "lock", "keys"),
