@@ -15,7 +15,7 @@ included), so:
   every other replica's name after its commit, as PostgreSQL's replicas do
   with NOTIFY. A datagram to a local socket is delivered whole or, when the
   receiver is hopelessly behind (its buffer full), not at all; the waiters'
-  periodic re-check (server/waiting.py) is the net for that case.
+  safety wake (server/waiting.py) is the net for that case.
 
 Where abstract names do not exist (not Linux), the names are files in the
 temporary folder and a replica is dead when nobody receives at its file.

@@ -267,8 +267,8 @@ class _Listener:
                             if event is not None:
                                 self._deliver(event)
             except psycopg.Error as exc:
-                # The database is away; waiters fall back to their periodic
-                # re-check until it is back.
+                # The database is away; until it is back, waiters rely on the
+                # safety wake (server/waiting.py, SAFETY_WAKE_S).
                 _log.error("listener: %s", exc)
                 self._stop.wait(1.0)
 
