@@ -119,3 +119,62 @@ async def test_a_set_in_a_busy_line_stays_due_though_its_other_line_was_kept(
     finally:
         sweeper.cancel()
     assert both.refreshed == 0
+
+
+def test_a_wake_up_left_unused_passes_to_the_next_waiter() -> None:
+    room = WaitRoom()
+    first, second = room.park((LINE,), 1), room.park((LINE,), 2)
+    room.on_freed(Freed(*LINE))  # for `first`, which leaves without needing it
+    room.unpark((LINE,), first)
+    assert second.wake.is_set()
+
+
+class _GatedLine:
+    """A pool line whose retries wait for the test to answer them, so that an
+    event can be made to arrive while a retry is in flight."""
+
+    places = (LINE,)
+
+    def __init__(self) -> None:
+        self.retries: asyncio.Queue[tuple[int, asyncio.Future[str | None]]] = asyncio.Queue()
+
+    async def try_once(self, wait: bool) -> waiting.Outcome[str]:
+        raise AssertionError("not used")
+
+    async def retry(self, ticket: int) -> waiting.Outcome[str]:
+        answer: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        await self.retries.put((ticket, answer))
+        granted = await answer
+        return waiting.Outcome(granted, None if granted else ticket)
+
+    async def leave(self, ticket: int) -> None:
+        pass
+
+    async def hand_back(self, granted: str) -> None:
+        pass
+
+    def timed_out(self, last: waiting.Outcome[str]) -> Exception:  # type: ignore[override]
+        return TimeoutError()
+
+
+async def test_two_releases_while_the_heads_retry_is_in_flight_admit_two() -> None:
+    # Two slots are freed; the first release wakes the head, whose retry is in
+    # flight (its wake cleared) when the second release's event arrives. That
+    # event lands on the head again; the head is admitted by its retry, and the
+    # second waiter must still be woken, not left for the safety wake.
+    room, line, gone = WaitRoom(), _GatedLine(), asyncio.Event()
+    head = asyncio.create_task(waiting._wait(room, line, 1, 60.0, gone))
+    nxt = asyncio.create_task(waiting._wait(room, line, 2, 60.0, gone))
+    for _ in range(2):  # both park and make their first retry: refused
+        _, answer = await line.retries.get()
+        answer.set_result(None)
+    room.on_freed(Freed(*LINE))  # the first release: wakes the head
+    ticket, answer = await line.retries.get()
+    assert ticket == 1
+    room.on_freed(Freed(*LINE))  # the second release, while the head's retry runs
+    answer.set_result("slot-1")
+    assert await head == "slot-1"
+    ticket, answer = await asyncio.wait_for(line.retries.get(), timeout=1.0)
+    assert ticket == 2  # woken by the event the head did not need
+    answer.set_result("slot-2")
+    assert await nxt == "slot-2"

@@ -134,6 +134,11 @@ class WaitRoom:
         return parked
 
     def unpark(self, places: tuple[Place, ...], parked: _Parked) -> None:
+        """Take a waiter out of its lines. A wake-up it received and will not
+        use (one that arrived while its last retry was in flight, which then
+        granted or refused for good) passes to the next waiter of each line:
+        each event wakes one waiter, so dropping it would leave a freed lock
+        or slot idle until the safety wake."""
         for place in places:
             waiting = self._lines.get(place)
             if waiting is None:
@@ -142,6 +147,10 @@ class WaitRoom:
                 waiting.remove(parked)
             if not waiting:
                 del self._lines[place]
+        if parked.wake.is_set() and not self.closing.is_set():
+            parked.wake.clear()
+            for kind, project, name in places:
+                self.on_freed(Freed(kind, project, name))
 
     def shut(self) -> None:
         """Answer every parked request now (the server is stopping)."""
