@@ -178,3 +178,38 @@ async def test_two_releases_while_the_heads_retry_is_in_flight_admit_two() -> No
     assert ticket == 2  # woken by the event the head did not need
     answer.set_result("slot-2")
     assert await nxt == "slot-2"
+
+
+async def test_the_sweep_refreshes_many_places_in_portions(monkeypatch) -> None:
+    # Waiters that parked together fall due together: their places are
+    # refreshed in several small store operations, never one large one, and a
+    # lock set whose second line is busy in a later portion stays due.
+    monkeypatch.setattr(waiting, "SWEEP_S", 0.0)
+    monkeypatch.setattr(waiting, "SWEEP_PORTION", 2)
+    room = WaitRoom()
+    singles = [room.park((LINE,), ticket) for ticket in (1, 2, 3)]
+    both = room.park((LINE, LOCK), 4)
+    asked: list[dict[tuple[str, str, str], list[int]]] = []
+    swept = asyncio.Event()
+
+    async def keep_waiting(lines, alive_ms):  # type: ignore[no-untyped-def]
+        asked.append(lines)
+        if sum(len(t) for t in asked_tickets(asked)) >= 5:
+            swept.set()
+        return [LOCK] if LOCK in lines else []
+
+    def asked_tickets(calls):  # type: ignore[no-untyped-def]
+        return [tickets for call in calls for tickets in call.values()]
+
+    sweeper = asyncio.create_task(room.sweep_forever(keep_waiting))
+    try:
+        await swept.wait()
+        await asyncio.sleep(0)
+    finally:
+        sweeper.cancel()
+    first_sweep = asked[:3]
+    assert [sum(len(t) for t in call.values()) for call in first_sweep] == [2, 2, 1]
+    assert sorted(t for call in first_sweep for t in call.get(LINE, [])) == [1, 2, 3, 4]
+    assert [t for call in first_sweep for t in call.get(LOCK, [])] == [4]
+    assert all(p.refreshed > 0 for p in singles)
+    assert both.refreshed == 0
