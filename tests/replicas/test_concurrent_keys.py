@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
+from typing import Any
 
 import psycopg
 import pytest
@@ -94,6 +95,56 @@ async def test_a_held_lock_stalls_only_itself_across_replicas(monkeypatch) -> No
             # Tokens per lock still rise, whichever replica grants next.
             assert await b.release_lock(P, "slow", first.lease.lock_token)
             assert await grant(b, "slow") > first.lease.fencing_token
+        finally:
+            let_go.set()
+            await a.close()
+            await b.close()
+
+
+async def test_joins_of_different_lines_do_not_wait_for_each_other(monkeypatch) -> None:
+    """A waiter's join of one line, held open before its commit, holds up no
+    join of another line (tickets come from no shared row), while the same
+    line's next join waits for it and queues behind it."""
+    monkeypatch.setenv("FENCEPOST_TEST_HOOKS", "1")
+    with temporary_database() as url:
+        a, b = PostgresStore(url), PostgresStore(url)
+        await a.open()
+        await b.open()
+        try:
+            lines = ["x", *(f"y-{i}" for i in range(20))]
+            for key in lines:
+                await grant(a, key)  # every line's lock is held: acquires join
+            held, let_go = threading.Event(), threading.Event()
+
+            def hold(keys: list[Key]) -> None:
+                if Key("lock", P, "x") in keys:
+                    held.set()
+                    let_go.wait(60)
+
+            a._writer.hold_for_tests(hold, at_commit=True)
+
+            def join(store: PostgresStore, key: str) -> asyncio.Future[Any]:
+                return asyncio.ensure_future(store.acquire_lock(
+                    P, key, AcquireRequest(token(), 30, wait_ms=60_000), wait_alive_ms=10_000))
+
+            first = join(a, "x")
+            assert await asyncio.to_thread(held.wait, 60)
+            # a's join of x has drawn its ticket and waits to commit; the joins
+            # of twenty other lines, on the other replica, go through meanwhile.
+            others = await asyncio.gather(*(join(b, key) for key in lines[1:]))
+            assert all(isinstance(o.outcome, Busy) and o.ticket is not None for o in others)
+            second = join(b, "x")
+            for _ in range(600):  # until b's join of x waits in the database for the key
+                if await asyncio.to_thread(advisory_waits, url) >= 1:
+                    break
+                await asyncio.sleep(0.05)
+            assert not first.done() and not second.done()
+            let_go.set()
+            ahead, behind = (await first), (await second)
+            assert ahead.ticket is not None and behind.ticket is not None
+            assert ahead.ticket < behind.ticket  # arrival order in x's line
+            tickets = [ahead.ticket, behind.ticket, *(o.ticket for o in others)]
+            assert len(set(tickets)) == len(tickets)
         finally:
             let_go.set()
             await a.close()

@@ -131,6 +131,10 @@ class Engine(Protocol):
     # lock's key is locked (store/sql/fencing.py); None: the counter row, for
     # a store whose batches are serialised whole.
     token_sequence: str | None
+    # Likewise the sequence tickets in a lock's line are drawn from, each
+    # drawn while the keys of every line joined are held (sql/locks.py
+    # join_line); None: the counter row.
+    ticket_sequence: str | None
 
     def fatal(self, exc: BaseException) -> bool: ...
 
@@ -364,6 +368,7 @@ class BatchWriter:
         self._jobs = _Jobs()
         self._threads: list[threading.Thread] = []
         self._hold: Callable[[list[Key]], None] | None = None
+        self._hold_at_commit = False
         # Told each batch's size, its seconds from begin to commit, and whether it
         # failed (the metrics); called on the writer threads.
         self.observer: Callable[[int, float, bool], None] | None = None
@@ -388,14 +393,18 @@ class BatchWriter:
                 thread.join(timeout=10)
             self._threads = []
 
-    def hold_for_tests(self, hold: Callable[[list[Key]], None] | None) -> None:
+    def hold_for_tests(
+        self, hold: Callable[[list[Key]], None] | None, at_commit: bool = False
+    ) -> None:
         """Fault injection, for tests only: `hold` is called on the writer
         thread with each batch's keys once the batch holds them, before its
-        operations run; a test blocks there to keep a key's transaction open.
+        operations run (or, `at_commit`, after they ran and before the
+        commit); a test blocks there to keep a key's transaction open.
         Refused unless FENCEPOST_TEST_HOOKS=1."""
         if not test_hooks_enabled():
             raise RuntimeError(f"test hooks are off (set {TEST_HOOKS_VARIABLE}=1)")
         self._hold = hold
+        self._hold_at_commit = at_commit
 
     async def run(self, fn: Callable[[Tx], T], keys: Keys) -> T:
         """The result of the plain operation `fn`, which touches `keys` (NO_KEYS
@@ -495,7 +504,7 @@ class BatchWriter:
         the commit. Unless `isolated`, give up (None, the transaction to be
         rolled back) at the first operation that raises."""
         clock = self._engine.begin(conn, self._exclusive, numbers)
-        if self._hold is not None:
+        if self._hold is not None and not self._hold_at_commit:
             self._hold(sorted(keys))
         shared = Batch(isolated=isolated)
         if isolated:
@@ -521,6 +530,8 @@ class BatchWriter:
             if isolated or self._engine.fatal(exc):
                 raise
             return None  # the replay writes as it goes, in each operation's savepoint
+        if self._hold is not None and self._hold_at_commit:
+            self._hold(sorted(keys))
         return outcomes, events
 
     def _in_turn(

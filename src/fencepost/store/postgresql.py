@@ -47,6 +47,8 @@ CHANNEL = "fencepost_freed"
 WRITER_CONNECTIONS = 3
 # The sequence fencing tokens are drawn from (migration 0012).
 TOKEN_SEQUENCE = "fencing_tokens"
+# The sequence tickets in a lock's line are drawn from (migration 0013).
+TICKET_SEQUENCE = "lock_tickets"
 CONNECT_TIMEOUT_S = 2
 # Nothing may wait on the database for long: a stuck statement fails the batch (503).
 SESSION_OPTIONS = (
@@ -141,6 +143,7 @@ class PostgresEngine:
     errors: tuple[type[BaseException], ...] = (psycopg.Error,)
     pipelines = True
     token_sequence: str | None = TOKEN_SEQUENCE
+    ticket_sequence: str | None = TICKET_SEQUENCE
 
     def __init__(
         self, url: str, clock_ms: Callable[[], int] | None, application_name: str

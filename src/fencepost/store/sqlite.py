@@ -38,6 +38,7 @@ class SqliteEngine:
     pipelines = False
     # Batches are serialised whole (BEGIN IMMEDIATE): the counter row is enough.
     token_sequence: str | None = None
+    ticket_sequence: str | None = None
 
     def __init__(
         self, path: str, clock_ms: Callable[[], int], peers: LocalPeers | None = None

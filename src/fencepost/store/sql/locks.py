@@ -214,14 +214,22 @@ def _lease_values(project: str, lease: Lease) -> tuple[Any, ...]:
 def join_line(
     tx: Tx, project: str, keys: Sequence[str], request: AcquireRequest, place: Place
 ) -> int:
-    """Put the caller in the line of every key under one new ticket. Tickets
-    only grow (the counter is moved inside the serialised batch), so ticket
-    order is arrival order in every line at once: a set waits behind exactly
-    the sets and callers that came before it on any of its keys, and no two
-    waiters can each wait for the other (SPEC §3.7)."""
-    (drawn,) = tx.execute(
-        "UPDATE counters SET value = value + 1 WHERE name = 'lock_ticket' RETURNING value"
-    ).fetchone()
+    """Put the caller in the line of every key under one new ticket: one
+    number for all its lines, so no two waiters can each wait for the other
+    (in every line the smaller ticket goes first; SPEC §3.7). The ticket is
+    drawn while this batch holds the keys of every line it joins (batch.py),
+    after every earlier join of those lines committed, so in each line
+    ticket order is arrival order: a set waits behind exactly the sets and
+    callers that came before it on any of its keys. On PostgreSQL from a
+    sequence, so joins of different lines never wait for each other; on
+    SQLite from the counter row (its batches take turns anyway)."""
+    sequence = tx.engine.ticket_sequence
+    if sequence is not None:
+        (drawn,) = tx.execute(f"SELECT nextval('{sequence}')").fetchone()
+    else:
+        (drawn,) = tx.execute(
+            "UPDATE counters SET value = value + 1 WHERE name = 'lock_ticket' RETURNING value"
+        ).fetchone()
     ticket = int(drawn)
     # since/gives_up are only shown (SPEC §3.4); a waiter that rejoins after
     # being dropped as dead shows its new place, measured from the rejoin.
