@@ -8,8 +8,10 @@ replicas (each has its own sessions and replica id)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
@@ -33,6 +35,21 @@ async def grant(store: PostgresStore, key: str) -> int:
     return result.outcome.lease.fencing_token
 
 
+@contextlib.asynccontextmanager
+async def two_replicas() -> AsyncIterator[tuple[str, PostgresStore, PostgresStore]]:
+    """Two store objects on one fresh database: two replicas, each with its
+    own sessions and replica id."""
+    with temporary_database() as url:
+        a, b = PostgresStore(url), PostgresStore(url)
+        await a.open()
+        await b.open()
+        try:
+            yield url, a, b
+        finally:
+            await a.close()
+            await b.close()
+
+
 def advisory_waits(url: str) -> int:
     """How many sessions wait for a key (an advisory lock) right now."""
     with psycopg.connect(url, autocommit=True) as conn:
@@ -52,10 +69,7 @@ def test_the_hold_hook_is_refused_without_test_hooks(monkeypatch) -> None:
 
 async def test_a_held_lock_stalls_only_itself_across_replicas(monkeypatch) -> None:
     monkeypatch.setenv("FENCEPOST_TEST_HOOKS", "1")
-    with temporary_database() as url:
-        a, b = PostgresStore(url), PostgresStore(url)
-        await a.open()
-        await b.open()
+    async with two_replicas() as (url, a, b):
         try:
             held, let_go = threading.Event(), threading.Event()
 
@@ -97,8 +111,6 @@ async def test_a_held_lock_stalls_only_itself_across_replicas(monkeypatch) -> No
             assert await grant(b, "slow") > first.lease.fencing_token
         finally:
             let_go.set()
-            await a.close()
-            await b.close()
 
 
 async def test_joins_of_different_lines_do_not_wait_for_each_other(monkeypatch) -> None:
@@ -106,10 +118,7 @@ async def test_joins_of_different_lines_do_not_wait_for_each_other(monkeypatch) 
     join of another line (tickets come from no shared row), while the same
     line's next join waits for it and queues behind it."""
     monkeypatch.setenv("FENCEPOST_TEST_HOOKS", "1")
-    with temporary_database() as url:
-        a, b = PostgresStore(url), PostgresStore(url)
-        await a.open()
-        await b.open()
+    async with two_replicas() as (url, a, b):
         try:
             lines = ["x", *(f"y-{i}" for i in range(20))]
             for key in lines:
@@ -147,5 +156,3 @@ async def test_joins_of_different_lines_do_not_wait_for_each_other(monkeypatch) 
             assert len(set(tickets)) == len(tickets)
         finally:
             let_go.set()
-            await a.close()
-            await b.close()
