@@ -11,8 +11,9 @@ the pool's configuration or governor (`_new_version`). An acquire of a pool
 remembered as neither paced nor paused inserts its slot only while the row
 still has that version, fewer live slots than the limit the rules computed
 from the remembered state, and nobody alive in line; a renewal extends the
-slot by the remembered term under the same version. Otherwise the general
-case reads the pool and decides as before.
+slot by the remembered term under the same version; a release counts itself
+in an update of the pool guarded by the caller's live slot, then deletes the
+slot. Otherwise the general case reads the pool and decides as before.
 """
 
 from __future__ import annotations
@@ -245,12 +246,12 @@ _SAVE_GOVERNOR = (
 
 
 def _save_governor(
-    tx: Tx, known: KnownPools | None, project: str, pool: str, state: _Pool, g: GovernorState
+    tx: Tx, known: KnownPools, project: str, pool: str, state: _Pool, g: GovernorState
 ) -> None:
     """Save what the governor of `state` (the pool as it stands) learned."""
     version = _new_version()
     tx.execute(_SAVE_GOVERNOR, (*_governor_values(g), version, project, pool))
-    _remember(known, project, pool, replace(state, governor=g, version=version))
+    known.put((project, pool), replace(state, governor=g, version=version))
 
 
 def _stats(r: _StatsRow) -> PoolStats:
