@@ -13,7 +13,12 @@ Operations come in two kinds:
   `Step.answer` then reads its answer and returns the result, or `UNDECIDED`
   when the common case did not apply; `Step.otherwise` then runs the general
   case. A first statement changes nothing unless it is the whole operation (a
-  guarded write that takes effect, or matches nothing).
+  guarded write that takes effect, or matches nothing). `fn` may send a few
+  statements (a guarded write, then a read of what it left; a guarded count,
+  then the delete it counted), each read only in `answer`: on PostgreSQL they
+  always go out in a pipeline, where each statement has a cursor of its own.
+  `answer` may write too, to finish what the first statements decided (such
+  writes run after the pipeline: a round trip, for the rarer cases).
 
 A batch runs in one of three ways (`BatchWriter._run_in_transaction`):
 
@@ -264,8 +269,16 @@ class _Job(Generic[T]):
     keys: Keys = NO_KEYS
 
     def run_whole(self, tx: Tx) -> Any:
-        produced = self.fn(tx)
-        return produced.to_the_end() if self.steps else produced
+        if not self.steps:
+            return self.fn(tx)
+        if tx.engine.pipelines:
+            # Its first statements go out as they do in steps: each with a
+            # cursor of its own, read only in `answer`.
+            with tx.engine.pipeline(tx.conn):
+                step = self.fn(tx)
+        else:
+            step = self.fn(tx)
+        return step.to_the_end()
 
 
 # A job, its result (or None) and its error (or None).

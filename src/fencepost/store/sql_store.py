@@ -109,6 +109,7 @@ class SqlStore:
         self._next_reader = itertools.cycle(self._readers or [self._writer])
         self._pepper = b""
         self._known = KnownLeases()  # shared by the writer's threads
+        self._known_pools = pools.KnownPools()  # likewise
         self._last_prune_ms = 0
         # While set, pruning the memory of ended leases older than this goes on
         # pass after pass until it is done.
@@ -311,7 +312,8 @@ class SqlStore:
     # --- pools ---------------------------------------------------------------
     async def put_pool(self, project: str, name: str, config: PoolConfig) -> tuple[PoolView, bool]:
         return await self._writer.run(
-            lambda tx: pools.put(tx, project, name, config), pools.key_of(project, name)
+            lambda tx: pools.put(tx, self._known_pools, project, name, config),
+            pools.key_of(project, name),
         )
 
     async def get_pool(self, project: str, name: str) -> PoolView | None:
@@ -324,7 +326,8 @@ class SqlStore:
 
     async def delete_pool(self, project: str, name: str) -> bool:
         return await self._writer.run(
-            lambda tx: pools.delete(tx, project, name), pools.key_of(project, name)
+            lambda tx: pools.delete(tx, self._known_pools, project, name),
+            pools.key_of(project, name),
         )
 
     async def acquire_slot(
@@ -332,11 +335,24 @@ class SqlStore:
         session_id: str | None = None,
     ) -> SlotAttempt:
         place = None if wait_alive_ms is None else self._place(wait_alive_ms)
-        return await self._writer.run(
-            lambda tx: _attached_slot(
-                tx, project, key_id, session_id, lambda: pools.acquire(tx, project, pool, place)
+        known = self._known_pools
+        if session_id is not None:
+            # A plain operation: the session is read before anything else.
+            return await self._writer.run(
+                lambda tx: _attached_slot(
+                    tx, project, key_id, session_id,
+                    lambda: pools.acquire(tx, known, project, pool, place),
+                ),
+                pools.key_of(project, pool) + sessions.key_of(project, session_id),
+            )
+        return await self._writer.run_steps(
+            lambda tx: pools.acquire_step(
+                tx, known, project, pool, key_id,
+                lambda: slot_holders.stamp_holder(
+                    tx, pools.acquire(tx, known, project, pool, place), key_id
+                ),
             ),
-            pools.key_of(project, pool) + sessions.key_of(project, session_id),
+            pools.key_of(project, pool),
         )
 
     async def retry_slot_waiter(
@@ -347,7 +363,7 @@ class SqlStore:
         return await self._writer.run(
             lambda tx: _attached_slot(
                 tx, project, key_id, session_id,
-                lambda: pools.retry_waiter(tx, project, pool, ticket, place),
+                lambda: pools.retry_waiter(tx, self._known_pools, project, pool, ticket, place),
             ),
             pools.key_of(project, pool) + sessions.key_of(project, session_id),
         )
@@ -361,15 +377,16 @@ class SqlStore:
         )
 
     async def renew_slot(self, project: str, pool: str, slot_id: str) -> Slot:
-        return await self._writer.run(
-            lambda tx: pools.renew(tx, project, pool, slot_id), pools.key_of(project, pool)
+        return await self._writer.run_steps(
+            lambda tx: pools.renew(tx, self._known_pools, project, pool, slot_id),
+            pools.key_of(project, pool),
         )
 
     async def release_slot(
         self, project: str, pool: str, slot_id: str, report: SlotReport | None
     ) -> bool:
-        return await self._writer.run(
-            lambda tx: pools.release(tx, project, pool, slot_id, report),
+        return await self._writer.run_steps(
+            lambda tx: pools.release(tx, self._known_pools, project, pool, slot_id, report),
             pools.key_of(project, pool),
         )
 

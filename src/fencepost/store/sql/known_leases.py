@@ -1,5 +1,6 @@
-"""The writer's memory of the leases it last wrote, so that a renewal can be
-decided by the rules without reading the row first.
+"""The writer's memory of what it last wrote, so that a hot path can be decided
+by the rules without reading the row first: the leases a renewal judges, the
+pools an acquire admits to (pools.py).
 
 Only a hint: a write decided on a remembered lease is conditional on the row
 still being exactly that lease (its fencing token names the grant; a renewal
@@ -13,32 +14,52 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from typing import Generic, Hashable, TypeVar
 
 from fencepost.core.leases import Lease
 
 DEFAULT_CAPACITY = 4096
 
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
 
-class KnownLeases:
-    """Shared by the writer's threads (one per connection), hence the lock."""
+
+class Known(Generic[K, V]):
+    """A bounded map, the least recently written entry evicted first. Shared
+    by the writer's threads (one per connection), hence the lock."""
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         self._capacity = capacity
-        self._leases: OrderedDict[tuple[str, str, str], Lease] = OrderedDict()
+        self._entries: OrderedDict[K, V] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, project: str, key: str, lock_token: str) -> Lease | None:
+    def get(self, where: K) -> V | None:
         with self._lock:
-            return self._leases.get((project, key, lock_token))
+            return self._entries.get(where)
+
+    def put(self, where: K, value: V) -> None:
+        with self._lock:
+            self._entries[where] = value
+            self._entries.move_to_end(where)
+            if len(self._entries) > self._capacity:
+                self._entries.popitem(last=False)
+
+    def forget(self, where: K) -> None:
+        with self._lock:
+            self._entries.pop(where, None)
+
+
+class KnownLeases:
+    """Leases by (project, key, lock token)."""
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        self._leases: Known[tuple[str, str, str], Lease] = Known(capacity)
+
+    def get(self, project: str, key: str, lock_token: str) -> Lease | None:
+        return self._leases.get((project, key, lock_token))
 
     def put(self, project: str, lease: Lease) -> None:
-        where = (project, lease.key, lease.lock_token)
-        with self._lock:
-            self._leases[where] = lease
-            self._leases.move_to_end(where)
-            if len(self._leases) > self._capacity:
-                self._leases.popitem(last=False)
+        self._leases.put((project, lease.key, lease.lock_token), lease)
 
     def forget(self, project: str, lease: Lease) -> None:
-        with self._lock:
-            self._leases.pop((project, lease.key, lease.lock_token), None)
+        self._leases.forget((project, lease.key, lease.lock_token))

@@ -1,13 +1,26 @@
 """Pool and slot statements (portable SQL, `?` placeholders); each runs inside
 the batch transaction of an operation that declared the pool's key (`key_of`,
 see batch.py): holding it makes count-then-admit atomic, and admissions to
-different pools commit concurrently."""
+different pools commit concurrently.
+
+Acquire, renew and release are step operations (batch.py). Their common case
+is decided by guarded statements sent without reading the pool first: the
+writer remembers each pool as it last read or wrote it (`KnownPools`), with
+the pool's admission version, a random number drawn anew by every write of
+the pool's configuration or governor (`_new_version`). An acquire of a pool
+remembered as neither paced nor paused inserts its slot only while the row
+still has that version, fewer live slots than the limit the rules computed
+from the remembered state, and nobody alive in line; a renewal extends the
+slot by the remembered term under the same version; a release counts itself
+in an update of the pool guarded by the caller's live slot, then deletes the
+slot. Otherwise the general case reads the pool and decides as before.
+"""
 
 from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, replace
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from fencepost.core import governor as gov
 from fencepost.core import slots as rules
@@ -17,8 +30,9 @@ from fencepost.core.slots import PoolConfig, Slot
 from fencepost.errors import NotFound
 from fencepost.events import Ended, Granted, PoolChanged
 from fencepost.store.base import PoolStats, PoolView, SlotAttempt, SlotReport, pool_freed
-from fencepost.store.batch import Key, Keys, Tx
+from fencepost.store.batch import UNDECIDED, Cursor, Key, Keys, Step, Tx, Undecided
 from fencepost.store.sql.bounded import delete_oldest_claimed
+from fencepost.store.sql.known_leases import Known
 from fencepost.store.sql.replicas import Place
 from fencepost.store.sql.rows import columns, width
 
@@ -100,11 +114,12 @@ class _SlotRow(NamedTuple):
 
 _CONFIG_COLUMNS = columns(_ConfigRow)
 # A pool row as read: its configuration, its governor, then its pacing clock
-# (GCRA: when the next paced admission is due); counts may follow.
-_POOL_COLUMNS = f"{_CONFIG_COLUMNS}, {columns(_GovernorRow)}, pace_tat_ms"
+# (GCRA: when the next paced admission is due) and its admission version;
+# counts may follow.
+_POOL_COLUMNS = f"{_CONFIG_COLUMNS}, {columns(_GovernorRow)}, pace_tat_ms, admission_version"
 _AFTER_CONFIG = width(_ConfigRow)
 _AFTER_GOVERNOR = _AFTER_CONFIG + width(_GovernorRow)
-_AFTER_POOL = _AFTER_GOVERNOR + 1
+_AFTER_POOL = _AFTER_GOVERNOR + 2
 _STATS_COLUMNS = columns(_StatsRow)
 _SLOT_COLUMNS = columns(_SlotRow)
 _AFTER_SLOT = width(_SlotRow)
@@ -117,6 +132,9 @@ class _Pool:
     config: PoolConfig
     governor: GovernorState
     pace_tat_ms: float = 0.0  # GCRA: when the next paced admission is due
+    # Names the configuration and governor above (not the pacing clock, which
+    # only a paced pool reads); see the module docstring.
+    version: int = 0
 
     @property
     def learns_rate(self) -> bool:
@@ -137,6 +155,29 @@ class _Pool:
         if not self.learns_rate:
             return None
         return gov.pace_interval_ms(self.config.rpm, self.governor)
+
+    def paused(self, now_ms: int) -> bool:
+        # A pause learned while the pool was adaptive or rated ends with that.
+        return self.learns_rate and gov.pause_remaining_ms(self.governor, now_ms) is not None
+
+    def admits_by_count(self, now_ms: int) -> bool:
+        """Whether only the live slots and the line decide an admission now:
+        no pacing to keep, no pause (nor its probes)."""
+        return self.pace_interval_ms is None and not self.paused(now_ms)
+
+
+# Each pool as this process last read or wrote it (see the module docstring).
+KnownPools = Known[tuple[str, str], _Pool]
+
+
+def _new_version() -> int:
+    # 62 random bits: a version never comes back, even from a rolled-back batch.
+    return secrets.randbits(62)
+
+
+def _remember(known: KnownPools | None, project: str, pool: str, state: _Pool) -> None:
+    if known is not None:
+        known.put((project, pool), state)
 
 
 def new_slot_id() -> str:
@@ -199,13 +240,18 @@ def _governor_values(g: GovernorState) -> tuple[Any, ...]:
 
 
 _SAVE_GOVERNOR = (
-    f"UPDATE pools SET {', '.join(f + ' = ?' for f in _GovernorRow._fields)} "
-    "WHERE project = ? AND name = ?"
+    f"UPDATE pools SET {', '.join(f + ' = ?' for f in _GovernorRow._fields)}, "
+    "admission_version = ? WHERE project = ? AND name = ?"
 )
 
 
-def _save_governor(tx: Tx, project: str, pool: str, g: GovernorState) -> None:
-    tx.execute(_SAVE_GOVERNOR, (*_governor_values(g), project, pool))
+def _save_governor(
+    tx: Tx, known: KnownPools, project: str, pool: str, state: _Pool, g: GovernorState
+) -> None:
+    """Save what the governor of `state` (the pool as it stands) learned."""
+    version = _new_version()
+    tx.execute(_SAVE_GOVERNOR, (*_governor_values(g), version, project, pool))
+    known.put((project, pool), replace(state, governor=g, version=version))
 
 
 def _stats(r: _StatsRow) -> PoolStats:
@@ -236,8 +282,8 @@ def _pool(row: Any, pool: str) -> _Pool:
         raise NotFound(f"No pool named {pool!r}.")
     config = _config(_ConfigRow._make(row[:_AFTER_CONFIG]))
     governor = _governor(_GovernorRow._make(row[_AFTER_CONFIG:_AFTER_GOVERNOR]), config)
-    (pace_tat_ms,) = row[_AFTER_GOVERNOR:_AFTER_POOL]
-    return _Pool(config, governor, float(pace_tat_ms))
+    pace_tat_ms, version = row[_AFTER_GOVERNOR:_AFTER_POOL]
+    return _Pool(config, governor, float(pace_tat_ms), int(version))
 
 
 _LOAD_WITH_COUNTS = (
@@ -251,23 +297,24 @@ _LOAD_WITH_COUNTS = (
 
 
 def load_with_counts(
-    tx: Tx, project: str, pool: str, before_ticket: int | None = None
+    tx: Tx, known: KnownPools | None, project: str, pool: str, before_ticket: int | None = None
 ) -> tuple[_Pool, int, int]:
-    """The pool, its live slots and its live waiters ahead of `before_ticket`
-    (all of them when None), in one statement."""
+    """The pool (remembered in `known`, if given), its live slots and its live
+    waiters ahead of `before_ticket` (all of them when None), in one statement."""
     ahead = before_ticket if before_ticket is not None else 2**62
     row = tx.execute(
         _LOAD_WITH_COUNTS,
         (project, pool, tx.now_ms, project, pool, tx.now_ms, ahead, project, pool),
     ).fetchone()
     state = _pool(row, pool)
+    _remember(known, project, pool, state)
     used, ahead_of_it = row[_AFTER_POOL:]
     return state, int(used), int(ahead_of_it)
 
 
-def view(tx: Tx, project: str, pool: str) -> PoolView | None:
+def view(tx: Tx, project: str, pool: str, known: KnownPools | None = None) -> PoolView | None:
     try:
-        state, used, queued = load_with_counts(tx, project, pool)
+        state, used, queued = load_with_counts(tx, known, project, pool)
     except NotFound:
         return None
     row = tx.execute(
@@ -286,30 +333,33 @@ def view(tx: Tx, project: str, pool: str) -> PoolView | None:
     )
 
 
-def put(tx: Tx, project: str, pool: str, config: PoolConfig) -> tuple[PoolView, bool]:
+def put(
+    tx: Tx, known: KnownPools, project: str, pool: str, config: PoolConfig
+) -> tuple[PoolView, bool]:
     values = (
         config.limit, config.queue_size, config.queue_timeout_ms, config.term_ms,
         config.renew_interval_ms, config.request_timeout_ms, config.rpm, int(config.adaptive),
         config.min_limit,
     )
+    version = _new_version()
     # Contract: replacing a configuration keeps the pool's slots, statistics and
     # learned state (clamped by the new bounds when read); a raised limit may
     # admit waiters at once, so all of them re-check.
     updated = tx.execute(
         "UPDATE pools SET slot_limit = ?, queue_size = ?, queue_timeout_ms = ?, term_ms = ?, "
         "renew_interval_ms = ?, request_timeout_ms = ?, rpm = ?, adaptive = ?, min_limit = ?, "
-        "updated_ms = ? WHERE project = ? AND name = ?",
-        (*values, tx.now_ms, project, pool),
+        "updated_ms = ?, admission_version = ? WHERE project = ? AND name = ?",
+        (*values, tx.now_ms, version, project, pool),
     ).rowcount
     if not updated:
         tx.execute(
-            f"INSERT INTO pools (project, name, {_CONFIG_COLUMNS}, created_ms, updated_ms) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (project, pool, *values, tx.now_ms, tx.now_ms),
+            f"INSERT INTO pools (project, name, {_CONFIG_COLUMNS}, created_ms, updated_ms, "
+            "admission_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (project, pool, *values, tx.now_ms, tx.now_ms, version),
         )
     tx.events.append(pool_freed(project, pool, wake_all=True))
     tx.events.append(PoolChanged("changed" if updated else "created", project, pool, tx.origin))
-    result = view(tx, project, pool)
+    result = view(tx, project, pool, known)
     assert result is not None
     return result, not updated
 
@@ -323,10 +373,11 @@ def list_views(tx: Tx, project: str, prefix: str, after: str | None, limit: int)
     return [v for (name,) in rows if (v := view(tx, project, name)) is not None]
 
 
-def delete(tx: Tx, project: str, pool: str) -> bool:
+def delete(tx: Tx, known: KnownPools, project: str, pool: str) -> bool:
     gone = tx.execute("DELETE FROM pools WHERE project = ? AND name = ?", (project, pool)).rowcount
     if not gone:
         return False
+    known.forget((project, pool))  # only memory: a pool made again has a new version
     tx.execute("DELETE FROM slots WHERE project = ? AND pool = ?", (project, pool))
     tx.execute("DELETE FROM slot_waiters WHERE project = ? AND pool = ?", (project, pool))
     # Every waiter re-checks, finds the pool gone and answers 404.
@@ -338,7 +389,9 @@ def delete(tx: Tx, project: str, pool: str) -> bool:
 # --- admission ---------------------------------------------------------------
 
 
-def _admit(tx: Tx, project: str, pool: str, state: _Pool, used: int) -> SlotAttempt:
+def _admit(
+    tx: Tx, known: KnownPools, project: str, pool: str, state: _Pool, used: int
+) -> SlotAttempt:
     now = tx.now_ms
     slot = rules.new_slot(new_slot_id(), pool, state.config, now)
     tx.execute(
@@ -355,25 +408,25 @@ def _admit(tx: Tx, project: str, pool: str, state: _Pool, used: int) -> SlotAtte
     tx.events.append(Granted("slot", project, pool, None, tx.origin))
     if state.learns_rate and gov.probe_wait_ms(state.governor, now) is not None:
         # Admitted during a pause: this call is a probe; space out the next one.
-        _save_governor(tx, project, pool, gov.after_probe(state.governor, now))
+        _save_governor(tx, known, project, pool, state, gov.after_probe(state.governor, now))
     return SlotAttempt(slot, None, used + 1, state.limit)
 
 
 def _try_admit(
-    tx: Tx, project: str, pool: str, state: _Pool, used: int, waiters_ahead: int
+    tx: Tx, known: KnownPools, project: str, pool: str, state: _Pool, used: int,
+    waiters_ahead: int,
 ) -> SlotAttempt:
     """Admit, or a refusal saying when to try again."""
     now = tx.now_ms
     g = state.governor
-    # A pause learned while the pool was adaptive or rated ends with that.
-    paused = state.learns_rate and gov.pause_remaining_ms(g, now) is not None
+    paused = state.paused(now)
     paused_until = g.paused_until_ms if paused else None
     interval = state.pace_interval_ms
     probe_ms = gov.probe_wait_ms(g, now) if paused else None
     waits = (probe_ms, rules.pace_wait_ms(state.pace_tat_ms, interval, now))
     blocked_ms = max((w for w in waits if w), default=None)
     if blocked_ms is None and rules.may_admit(state.limit, used, waiters_ahead):
-        return _admit(tx, project, pool, state, used)
+        return _admit(tx, known, project, pool, state, used)
     if blocked_ms is None:
         deadlines = [
             deadline
@@ -392,15 +445,75 @@ def _try_admit(
     return SlotAttempt(None, None, used, state.limit, blocked_ms, paused_until, left)
 
 
-def acquire(tx: Tx, project: str, pool: str, place: Place | None) -> SlotAttempt:
+def acquire(
+    tx: Tx, known: KnownPools, project: str, pool: str, place: Place | None
+) -> SlotAttempt:
+    """The general case of an acquire: read the pool and its counts, then admit,
+    refuse, or (with a place) join the line."""
     # Contract: counting live slots and inserting the new one happen in one
     # transaction, so no more than `limit` slots are ever live (SPEC §7.5).
-    state, used, queued = load_with_counts(tx, project, pool)
-    attempt = _try_admit(tx, project, pool, state, used, queued)
+    state, used, queued = load_with_counts(tx, known, project, pool)
+    attempt = _try_admit(tx, known, project, pool, state, used, queued)
     if attempt.slot is not None or place is None or queued >= state.config.queue_size:
         return attempt
     ticket = _join_line(tx, project, pool, place)
     return replace(attempt, ticket=ticket)
+
+
+# The common case of an acquire in one statement: the slot goes in only while
+# the pool is still the one remembered (its admission version), has fewer live
+# slots than the limit the rules computed from it, and nobody alive in line (a
+# newcomer never overtakes a waiter). The batch holds the pool's key, so the
+# count and the insert are one atomic decision (SPEC §7.5).
+_ADMIT_IF_ROOM = (
+    f"INSERT INTO slots (project, {_SLOT_COLUMNS}, key_id) "
+    "SELECT ?, ?, ?, ?, ?, ?, NULL, ? FROM pools p "
+    "WHERE p.project = ? AND p.name = ? AND p.admission_version = ? "
+    "AND (SELECT COUNT(*) FROM slots s WHERE s.project = ? AND s.pool = ? "
+    "AND s.lease_deadline_ms > ?) < ? "
+    "AND NOT EXISTS (SELECT 1 FROM slot_waiters w WHERE w.project = ? AND w.pool = ? "
+    "AND w.alive_until_ms > ?)"
+)
+_LIVE_SLOTS = (
+    "SELECT COUNT(*) FROM slots WHERE project = ? AND pool = ? AND lease_deadline_ms > ?"
+)
+
+
+def acquire_step(
+    tx: Tx, known: KnownPools, project: str, pool: str, key_id: str | None,
+    otherwise: Callable[[], SlotAttempt],
+) -> Step[SlotAttempt]:
+    """A step operation (see batch.py): first the common case, a guarded insert
+    of the slot the rules admit to the remembered pool (stamped with the
+    holder's `key_id`, as slot_holders.py records it), followed by a count of
+    the live slots it leaves (a read, in the same pipeline); then, if the
+    slot did not go in, `otherwise` (the general case)."""
+    now = tx.now_ms
+    remembered = known.get((project, pool))
+    sent: tuple[Cursor, Cursor] | None = None
+    if remembered is not None and remembered.admits_by_count(now):
+        state = remembered
+        slot = rules.new_slot(new_slot_id(), pool, state.config, now)
+        sent = (
+            tx.execute(_ADMIT_IF_ROOM, (
+                project, slot.slot_id, pool, slot.acquired_ms, slot.lease_deadline_ms,
+                slot.request_deadline_ms, key_id, project, pool, state.version,
+                project, pool, now, state.limit, project, pool, now,
+            )),
+            tx.execute(_LIVE_SLOTS, (project, pool, now)),
+        )
+
+    def answer() -> SlotAttempt | Undecided:
+        if sent is None:
+            return UNDECIDED
+        inserted, counted = sent
+        if not inserted.rowcount:
+            return UNDECIDED
+        (in_use,) = counted.fetchone()
+        tx.events.append(Granted("slot", project, pool, None, tx.origin))
+        return SlotAttempt(slot, None, int(in_use), state.limit)
+
+    return Step(answer, otherwise)
 
 
 def _join_line(tx: Tx, project: str, pool: str, place: Place) -> int:
@@ -412,7 +525,9 @@ def _join_line(tx: Tx, project: str, pool: str, place: Place) -> int:
     return int(ticket)
 
 
-def retry_waiter(tx: Tx, project: str, pool: str, ticket: int, place: Place) -> SlotAttempt:
+def retry_waiter(
+    tx: Tx, known: KnownPools, project: str, pool: str, ticket: int, place: Place
+) -> SlotAttempt:
     refreshed = tx.execute(
         "UPDATE slot_waiters SET alive_until_ms = ? WHERE ticket = ?",
         (tx.now_ms + place.alive_ms, ticket),
@@ -420,8 +535,8 @@ def retry_waiter(tx: Tx, project: str, pool: str, ticket: int, place: Place) -> 
     if not refreshed:  # dropped as dead (e.g. a stalled loop): rejoin at the back
         ticket = _join_line(tx, project, pool, place)
     # NotFound once the pool is deleted; raising undoes this operation's writes.
-    state, used, ahead = load_with_counts(tx, project, pool, ticket)
-    attempt = _try_admit(tx, project, pool, state, used, ahead)
+    state, used, ahead = load_with_counts(tx, known, project, pool, ticket)
+    attempt = _try_admit(tx, known, project, pool, state, used, ahead)
     if attempt.slot is None:
         return replace(attempt, ticket=ticket)
     tx.execute("DELETE FROM slot_waiters WHERE ticket = ?", (ticket,))
@@ -467,47 +582,113 @@ def _own_slot(project: str, pool: str, row: Any) -> Slot | None:
     return slot
 
 
-def _load_with_slot(tx: Tx, project: str, pool: str, slot_id: str) -> tuple[_Pool, Slot | None]:
+def _load_with_slot(
+    tx: Tx, known: KnownPools, project: str, pool: str, slot_id: str
+) -> tuple[_Pool, Slot | None]:
     row = tx.execute(_POOL_AND_SLOT, (slot_id, project, pool)).fetchone()
     state = _pool(row, pool)  # NotFound without the pool
+    _remember(known, project, pool, state)
     return state, _own_slot(project, pool, row[_AFTER_POOL:])
 
 
-def renew(tx: Tx, project: str, pool: str, slot_id: str) -> Slot:
-    state, slot = _load_with_slot(tx, project, pool, slot_id)
-    renewed = rules.renew(slot, state.config, tx.now_ms)
-    tx.execute(
-        "UPDATE slots SET lease_deadline_ms = ? WHERE slot_id = ?",
-        (renewed.lease_deadline_ms, slot_id),
+# The common case of a renewal in one statement: the caller's live slot, not
+# attached to a session and not capped, whose request deadline is at least a
+# term away (so rules.renew extends it by exactly one term), of the pool as
+# remembered (the term is the remembered configuration's).
+_RENEW_BY_TERM = (
+    "UPDATE slots SET lease_deadline_ms = ? "
+    "WHERE slot_id = ? AND project = ? AND pool = ? AND session_id IS NULL "
+    "AND lease_deadline_ms > ? AND lease_deadline_ms < request_deadline_ms "
+    "AND request_deadline_ms >= ? "
+    "AND EXISTS (SELECT 1 FROM pools WHERE project = ? AND name = ? AND admission_version = ?) "
+    f"RETURNING {_SLOT_COLUMNS}"
+)
+
+
+def renew(tx: Tx, known: KnownPools, project: str, pool: str, slot_id: str) -> Step[Slot]:
+    """A step operation: first a guarded extension by the remembered pool's
+    term, then, if it did not apply, the pool and the slot decide."""
+    remembered = known.get((project, pool))
+    sent: Cursor | None = None
+    if remembered is not None:
+        deadline = tx.now_ms + remembered.config.term_ms
+        sent = tx.execute(_RENEW_BY_TERM, (
+            deadline, slot_id, project, pool, tx.now_ms, deadline,
+            project, pool, remembered.version,
+        ))
+
+    def answer() -> Slot | Undecided:
+        row = None if sent is None else sent.fetchone()
+        return UNDECIDED if row is None else _slot(row)
+
+    def otherwise() -> Slot:
+        state, slot = _load_with_slot(tx, known, project, pool, slot_id)
+        renewed = rules.renew(slot, state.config, tx.now_ms)
+        tx.execute(
+            "UPDATE slots SET lease_deadline_ms = ? WHERE slot_id = ?",
+            (renewed.lease_deadline_ms, slot_id),
+        )
+        return renewed
+
+    return Step(answer, otherwise)
+
+
+def release(
+    tx: Tx, known: KnownPools, project: str, pool: str, slot_id: str, report: SlotReport | None
+) -> Step[bool]:
+    """A step operation decided by its first statements in the common case: the
+    release is counted (with the report's statistics) if the caller's slot is
+    live, then the slot is deleted. What the governor learns from a report is
+    written after (`answer`), from the pool as the count returned it; a dead
+    slot deleted here is counted as reclaimed there too. Counted once per slot
+    (a repeated release finds no slot), so statistics are not inflated by
+    retries."""
+    sets, args = _release_counts(report, tx.now_ms)
+    now = tx.now_ms
+    counted = tx.execute(
+        f"UPDATE pools SET {sets} WHERE project = ? AND name = ? AND EXISTS (SELECT 1 FROM slots "
+        "WHERE slot_id = ? AND project = ? AND pool = ? AND lease_deadline_ms > ?)"
+        + ("" if report is None else f" RETURNING {_POOL_COLUMNS}"),
+        (*args, project, pool, slot_id, project, pool, now),
     )
-    return renewed
-
-
-def release(tx: Tx, project: str, pool: str, slot_id: str, report: SlotReport | None) -> bool:
-    row = tx.execute(
+    deleted = tx.execute(
         f"DELETE FROM slots WHERE slot_id = ? AND project = ? AND pool = ? "
         f"RETURNING {_SLOT_COLUMNS}",
         (slot_id, project, pool),
-    ).fetchone()
-    if row is None:  # gone, or another project's or pool's (NotFound), or no such pool
-        _load_with_slot(tx, project, pool, slot_id)
+    )
+
+    def answer() -> bool | Undecided:
+        row = deleted.fetchone()
+        if row is None:  # changed nothing: gone, someone else's, or no such pool
+            return UNDECIDED
+        slot = _slot(row)
+        if not rules.is_live(slot, now):
+            # Already past its deadline: it was not held any more, only not yet reaped.
+            _count_reclaimed(tx, project, pool, 1)
+            return False
+        # The slot was live, so the count applied (unless its pool is gone).
+        if report is None:
+            if not counted.rowcount:
+                raise NotFound(f"No pool named {pool!r}.")
+        else:
+            state = _pool(counted.fetchone(), pool)
+            _remember(known, project, pool, state)
+            _learn(tx, known, project, pool, state, report, now - slot.acquired_ms)
+        tx.events.append(pool_freed(project, pool))
+        held_ms = now - slot.acquired_ms
+        tx.events.append(Ended("slot", project, pool, "released", held_ms, tx.origin))
+        return True
+
+    def otherwise() -> bool:
+        _load_with_slot(tx, known, project, pool, slot_id)  # NotFound unless simply gone
         return False
-    slot = _slot(row)
-    if not rules.is_live(slot, tx.now_ms):
-        # Already past its deadline: it was not held any more, only not yet reaped.
-        _count_reclaimed(tx, project, pool, 1)
-        return False
-    state = _record_release(tx, project, pool, report)
-    if report is not None:
-        _learn(tx, project, pool, state, report, tx.now_ms - slot.acquired_ms)
-    tx.events.append(pool_freed(project, pool))
-    held_ms = tx.now_ms - slot.acquired_ms
-    tx.events.append(Ended("slot", project, pool, "released", held_ms, tx.origin))
-    return True
+
+    return Step(answer, otherwise)
 
 
 def _learn(
-    tx: Tx, project: str, pool: str, state: _Pool, report: SlotReport, hold_ms: int
+    tx: Tx, known: KnownPools, project: str, pool: str, state: _Pool, report: SlotReport,
+    hold_ms: int,
 ) -> None:
     """Feed the reported outcome to the governor; its new state is shared by every
     server through this row."""
@@ -525,17 +706,16 @@ def _learn(
     )
     if learned == state.governor:
         return
-    _save_governor(tx, project, pool, learned)
+    _save_governor(tx, known, project, pool, state, learned)
     resumed = gov.pause_remaining_ms(state.governor, tx.now_ms) is not None and (
         gov.pause_remaining_ms(learned, tx.now_ms) is None)
     if learned.limit > state.governor.limit or resumed:
         tx.events.append(pool_freed(project, pool))
 
 
-def _record_release(tx: Tx, project: str, pool: str, report: SlotReport | None) -> _Pool:
-    """Count the release; return the pool as it stands (what the governor learns
-    from). Counted once per slot (a repeated release finds no slot), so
-    statistics are not inflated by retries."""
+def _release_counts(report: SlotReport | None, now_ms: int) -> tuple[str, list[Any]]:
+    """The SET list (and its arguments) that counts one release and what its
+    report says."""
     sets = ["released = released + 1"]
     args: list[Any] = []
     if report is not None:
@@ -554,13 +734,8 @@ def _record_release(tx: Tx, project: str, pool: str, report: SlotReport | None) 
             sets.append("last_retry_after_ms = ?")
             args.append(hint)
         sets += ["last_report = ?", "last_reported_ms = ?"]
-        args += [report.report_json, tx.now_ms]
-    row = tx.execute(
-        f"UPDATE pools SET {', '.join(sets)} WHERE project = ? AND name = ? "
-        f"RETURNING {_POOL_COLUMNS}",
-        (*args, project, pool),
-    ).fetchone()
-    return _pool(row, pool)
+        args += [report.report_json, now_ms]
+    return ", ".join(sets), args
 
 
 def _count_reclaimed(
