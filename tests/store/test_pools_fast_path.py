@@ -10,11 +10,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import sqlite3
 import tempfile
 import threading
 from dataclasses import replace
 from typing import Any, Iterator
 
+import psycopg
 import pytest
 
 from fencepost.core import governor as gov
@@ -364,3 +366,50 @@ async def test_a_batch_of_pool_operations_makes_fewer_round_trips_than_statement
     assert sum(batches) == 40
     assert statements >= 2 * 40 + 2 * len(batches)
     assert round_trips <= 3 * len(batches) < statements
+
+
+def _write_as_an_older_release(store: Any, statement: str) -> None:
+    """Run `statement` on the store's database as a replica of a release that
+    knows no admission version would: the version column left alone."""
+    if isinstance(store, SqliteStore):
+        conn = sqlite3.connect(store.path)
+        try:
+            conn.execute(statement)
+            conn.commit()
+        finally:
+            conn.close()
+        return
+    with psycopg.connect(store.url, autocommit=True) as pg:
+        pg.execute(statement)
+
+
+def _version(store: Any) -> int:
+    query = f"SELECT admission_version FROM pools WHERE project = '{P}' AND name = 'api'"
+    if isinstance(store, SqliteStore):
+        conn = sqlite3.connect(store.path)
+        try:
+            return int(conn.execute(query).fetchone()[0])
+        finally:
+            conn.close()
+    with psycopg.connect(store.url, autocommit=True) as pg:
+        row = pg.execute(query).fetchone()
+        assert row is not None
+        return int(row[0])
+
+
+async def test_a_write_that_knows_no_version_still_ends_the_guess(store):
+    """During an upgrade, a replica of the older release changes a pool's
+    limit (or what its governor learned) without a version: the database
+    gives the row a new one, so this writer reads the pool again instead of
+    admitting by the limit it remembers."""
+    await store.put_pool(P, "api", PoolConfig(limit=3))
+    assert (await _acquire(store)).in_use == 1  # the writer remembers limit 3
+    before = _version(store)
+    _write_as_an_older_release(
+        store, f"UPDATE pools SET released = released + 1 WHERE project = '{P}' AND name = 'api'")
+    assert _version(store) == before  # statistics say nothing about admission
+    _write_as_an_older_release(
+        store, f"UPDATE pools SET slot_limit = 1 WHERE project = '{P}' AND name = 'api'")
+    assert _version(store) != before
+    refused = await _acquire(store)
+    assert refused.slot is None and refused.effective_limit == 1

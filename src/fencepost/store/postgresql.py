@@ -47,7 +47,7 @@ CHANNEL = "fencepost_freed"
 WRITER_CONNECTIONS = 3
 # The sequence fencing tokens are drawn from (migration 0012).
 TOKEN_SEQUENCE = "fencing_tokens"
-# The sequence tickets in a lock's line are drawn from (migration 0013).
+# The sequence tickets in a lock's line are drawn from (migration 0014).
 TICKET_SEQUENCE = "lock_tickets"
 CONNECT_TIMEOUT_S = 2
 # Nothing may wait on the database for long: a stuck statement fails the batch (503).

@@ -4,7 +4,7 @@
 -- it joins (after every earlier join of those lines committed), so in each
 -- line ticket order stays arrival order; one number per waiter across all its
 -- lines keeps lock sets free of deadlock.
--- depends: 0012_token_sequence
+-- depends: 0013_pool_version
 
 CREATE SEQUENCE lock_tickets AS BIGINT MINVALUE 1;
 -- Carry on above every ticket the counter row drew (the row stays, unused),
