@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import pg_support  # noqa: E402
 import support  # noqa: E402
-from support import ServerProcess  # noqa: E402
+from support import WAKE_UPS_ONLY, ServerProcess  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -34,6 +34,15 @@ def nothing_left_behind() -> Iterator[None]:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """One shared server for tests that only need isolated lock names."""
     proc = ServerProcess(tmp_path_factory.mktemp("shared-server")).start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="session")
+def wake_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A shared server whose waiters are granted only through wake-ups (no
+    safety wake, support.WAKE_UPS_ONLY), for the tests of wake-ups."""
+    proc = ServerProcess(tmp_path_factory.mktemp("wake-server"), extra_env=WAKE_UPS_ONLY).start()
     yield proc
     proc.stop()
 

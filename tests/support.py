@@ -27,6 +27,17 @@ import pytest
 
 BOOTSTRAP_KEY = "fp_test_bootstrap_admin_key_0123456789abcdef"
 
+# The environment of a server whose parked waiters get up only when woken
+# (server/waiting.py): the safety wake, the net under a lost wake-up, comes
+# after an hour. A waiter whose wake-up is lost then waits its whole wait and
+# is answered by its last try at the end of it (granted, if the lock or slot
+# is free by then). So a test of a wake-up asserts, besides the status, that
+# the waiter did not wait its whole wait, as the server measured it on its
+# own clock (`waited_ms`, X-Queued-Ms): exact for a lost wake-up however
+# loaded the machine, where a bound on how soon the grant came was not. The
+# sweep that keeps places alive runs as usual: it wakes nobody.
+WAKE_UPS_ONLY = {"FENCEPOST_TEST_HOOKS": "1", "FENCEPOST_SAFETY_WAKE_S": "3600"}
+
 
 def _die_with_parent() -> None:
     """Ask Linux to SIGTERM the server when the test process dies, so a killed
@@ -198,6 +209,40 @@ def wait_until(predicate: Callable[[], Any], what: str, timeout: float = 10.0,
     value = wait_for(predicate, timeout, interval)
     assert value, f"timed out after {timeout} s waiting for {what}"
     return value
+
+
+def waited_ms(server: ServerProcess, request_id: str) -> int:
+    """How long `server` kept the acquire `request_id` (lock or slot) before
+    answering, on the server's own clock: its access-log line."""
+    lines = wait_until(
+        lambda: [e for e in server.access_log_lines() if e.get("request_id") == request_id],
+        f"the access-log line of {request_id}")
+    [line] = lines
+    return int(line["waited_ms"])
+
+
+def wait_parked(server: ServerProcess, count: int) -> None:
+    """Wait until `server` has at least `count` requests parked in its lines
+    (its metrics), so that what a test does next reaches them as a wake-up
+    rather than at their first try."""
+    wait_until(lambda: metric(server, "fencepost_waiters_parked") >= count,
+               f"{count} parked waiters")
+
+
+def true_within(ask: Callable[[], bool], since: float, within_s: float) -> bool:
+    """Whether `ask` (one request) comes true, asked again and again, before a
+    request sent `within_s` or more after `since` (a time.monotonic()) still
+    finds it false: for the SPEC's "within N s" of something the server must
+    learn (a revoked key refused, a new project's key accepted). When the
+    request left counts, not when its answer came: the server decided in
+    between, and a loaded machine can make an answer slow to come back."""
+    while True:
+        sent = time.monotonic()
+        if ask():
+            return True
+        if sent - since >= within_s:
+            return False
+        time.sleep(0.05)
 
 
 # --- processes and names -----------------------------------------------------------------------

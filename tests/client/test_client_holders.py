@@ -4,8 +4,10 @@ list_slots), from a real server."""
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import timedelta
 
+import httpx
 import pytest
 
 import fencepost
@@ -14,11 +16,26 @@ from fencepost.errors import NotFound
 from support import ServerProcess, unique_name
 
 
+class WaitsSent(httpx.AsyncHTTPTransport):
+    """Notes the `wait_seconds` of every acquire sent through it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[float] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "PUT":
+            self.waits.append(json.loads(request.content)["wait_seconds"])
+        return await super().handle_async_request(request)
+
+
 async def test_get_lock_names_the_holder_and_the_line(server: ServerProcess) -> None:
     key = unique_name()
     waiter_key = server.create_key("member", name="client-waiter")
+    sent = WaitsSent()
     async with fencepost.AsyncClient(server.base_url, server.admin_key) as admin, \
-            fencepost.AsyncClient(server.base_url, str(waiter_key["key"])) as waiter:
+            fencepost.AsyncClient(server.base_url, str(waiter_key["key"]),
+                                  transport=sent) as waiter:
         me = await admin.whoami()
         lease = await admin.acquire_lock(key, ttl=30)
         waiting = asyncio.create_task(waiter.acquire_lock(key, ttl=30, wait=20))
@@ -31,7 +48,13 @@ async def test_get_lock_names_the_holder_and_the_line(server: ServerProcess) -> 
         [place] = info.line
         assert (place.key_id, place.key_name) == (waiter_key["id"], "client-waiter")
         assert place.since_at is not None and place.gives_up_at is not None
-        assert place.gives_up_at - place.since_at == timedelta(seconds=20)
+        # The line shows the wait the server was asked for: the client sends
+        # what is left of its 20 s when the request leaves (a little less,
+        # measured on its own clock), which the server rounds to milliseconds.
+        assert sent.waits and all(0 < w <= 20 for w in sent.waits), sent.waits
+        wait_seconds = sent.waits[-1]  # (one request, unless the client had to retry)
+        assert place.gives_up_at - place.since_at == timedelta(
+            milliseconds=round(wait_seconds * 1000))
         assert info.to_dict()["line"][0]["since_at"].endswith("Z")
         [listed] = (await admin.list_locks(prefix=key)).locks
         assert listed.holder == info.holder and listed.line == info.line

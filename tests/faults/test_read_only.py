@@ -17,6 +17,7 @@ from typing import Callable, Iterator
 import psycopg
 import pytest
 
+from fencepost.store.postgresql import WRITER_CONNECTIONS
 from pg_support import ADMIN_URL, temporary_database
 from support import ServerProcess, missing, new_token, unique_name, wait_until
 
@@ -81,6 +82,28 @@ def set_read_only(url: str, on: bool) -> None:
             "WHERE datname = %s AND pid <> pg_backend_pid()", (name,))
 
 
+def grant_after_read_only(replica: ServerProcess, count: int) -> list[tuple[str, int]]:
+    """`count` fresh locks once writes are allowed again. A writer connection
+    the database ended, or opened read-only, while writes were refused is found
+    out at its next use: that one request gets 503 store_unavailable (loud,
+    nothing acknowledged) and the connection is replaced. /readyz may already
+    be back by then (another connection's write succeeded), so each of the
+    writer's connections may refuse one write; never more."""
+    grants: list[tuple[str, int]] = []
+    refused = 0
+    while len(grants) < count:
+        key = unique_name("fault")
+        resp = acquire(replica, key, new_token())
+        if resp.status_code == 503:
+            assert_unavailable(resp)
+            refused += 1
+            assert refused <= WRITER_CONNECTIONS, resp.text
+            continue
+        assert resp.status_code == 201, resp.text
+        grants.append((key, int(resp.json()["fencing_token"])))
+    return grants
+
+
 def test_a_postgresql_database_that_refuses_writes_gets_503(
     servers: Callable[..., ServerProcess],
 ) -> None:
@@ -102,7 +125,7 @@ def test_a_postgresql_database_that_refuses_writes_gets_503(
             assert get(replica, "/livez").status_code == 200
             set_read_only(url, False)
             wait_until(lambda: get(replica, "/readyz").status_code == 200, "/readyz to come back")
-            granted += grant_some(replica, 3)
+            granted += grant_after_read_only(replica, 3)
         with replica.client() as c:
             for key, token in granted:
                 assert c.get(f"/v1/locks/{key}").json()["fencing_token"] == token

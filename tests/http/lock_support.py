@@ -9,8 +9,9 @@ import httpx
 from support import lock_headers
 
 
-def acquire(c: httpx.Client, key: str, token: str, ttl: int = 30, **body: Any) -> httpx.Response:
-    return c.put(f"/v1/locks/{key}/lease", headers=lock_headers(token),
+def acquire(c: httpx.Client, key: str, token: str, ttl: int = 30, request_id: str | None = None,
+            **body: Any) -> httpx.Response:
+    return c.put(f"/v1/locks/{key}/lease", headers=lock_headers(token, request_id),
                  json={"ttl_seconds": ttl, **body})
 
 

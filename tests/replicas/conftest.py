@@ -8,7 +8,7 @@ from typing import Callable, Iterator
 import pytest
 
 from pg_support import temporary_database
-from support import ServerProcess, faketime_library, server_fleet
+from support import WAKE_UPS_ONLY, ServerProcess, faketime_library, server_fleet
 
 
 @pytest.fixture
@@ -32,6 +32,14 @@ def start_replica(tmp_path: Path, pg_url: str) -> Iterator[Callable[..., ServerP
 @pytest.fixture
 def replicas(start_replica: Callable[..., ServerProcess]) -> list[ServerProcess]:
     return [start_replica(name) for name in ("a", "b", "c")]
+
+
+@pytest.fixture
+def wake_replicas(start_replica: Callable[..., ServerProcess]) -> list[ServerProcess]:
+    """Three replicas whose waiters are granted only through wake-ups (no
+    safety wake, support.WAKE_UPS_ONLY), for the tests of wake-ups across
+    replicas: a lost NOTIFY then shows as a waiter that waited its whole wait."""
+    return [start_replica(name, **WAKE_UPS_ONLY) for name in ("a", "b", "c")]
 
 
 def faketime_prefix(offset: str) -> list[str]:

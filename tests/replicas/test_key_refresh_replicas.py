@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+from support import true_within
+
 
 def test_revoking_the_old_key_refuses_the_new_one_on_every_replica(replicas):
     a, b, c = replicas
@@ -22,6 +24,5 @@ def test_revoking_the_old_key_refuses_the_new_one_on_every_replica(replicas):
     revoked_at = time.monotonic()
     for replica in replicas:
         with replica.client(new["key"]) as client:
-            while client.get("/v1/whoami").status_code != 401:
-                assert time.monotonic() - revoked_at < 2.0, "successor accepted after 2 s"
-                time.sleep(0.05)
+            assert true_within(lambda c=client: c.get("/v1/whoami").status_code == 401,
+                               revoked_at, 2.0), "successor accepted 2 s after (SPEC §5)"

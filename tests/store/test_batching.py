@@ -14,7 +14,7 @@ from fencepost.errors import LeaseExpired, LeaseLost, StoreUnavailable
 from fencepost.store.base import Freed, lock_freed
 
 from .conftest import reopen
-from .store_support import ADMIN, P, grant, token
+from .store_support import ADMIN, P, grant, hear, token
 
 
 async def test_fencing_tokens_never_repeat_across_batches(store):
@@ -223,14 +223,12 @@ async def test_other_replicas_hear_of_freed_locks_with_awkward_names(store, cloc
     other.add_freed_listener(heard.append)
     await other.open()
     try:
+        await hear(store, heard, "before")  # `other` listens
         key = "it's \"quoted\" \\ {braces}, [x]"
         a = token()
         await grant(store, key, a)
         await store.release_lock(P, key, a)
-        for _ in range(50):
-            if lock_freed(P, key) in heard:
-                break
-            await asyncio.sleep(0.05)
+        await hear(store, heard, "after")  # freed after `key`, so heard after it
         assert lock_freed(P, key) in heard
     finally:
         await other.close()

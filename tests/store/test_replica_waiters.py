@@ -19,7 +19,7 @@ from fencepost.store.sql_store import SqlStore
 from pg_support import sessions_gone
 
 from .conftest import FakeClock, reopen
-from .store_support import P
+from .store_support import P, hear
 
 ALIVE_MS = 60_000  # far beyond anything these tests wait for
 
@@ -114,16 +114,15 @@ async def test_two_replicas_reaping_at_once_remove_a_dead_ones_waiters_once(stor
     try:
         heard: list[Freed] = []
         store.add_freed_listener(heard.append)
+        await hear(c, heard, "before")  # `store` hears what `c` frees
         await fill_lines(b)
         await b.close()  # as a kill does: the kernel closes its connections
         if store.url_scheme == "postgresql":
             await sessions_gone(b.url, b)
         await asyncio.gather(store.reap(), c.reap(), store.reap())
         assert await line_lengths(store) == (0, 0)
-        for _ in range(50):  # heard here, or from the other replica by NOTIFY
-            if lock_freed(P, "k") in heard and pool_freed(P, "api") in heard:
-                break
-            await asyncio.sleep(0.05)
+        # Heard here at once, or from `c` before what it frees next.
+        await hear(c, heard, "after")
         assert lock_freed(P, "k") in heard and pool_freed(P, "api") in heard
     finally:
         await c.close()

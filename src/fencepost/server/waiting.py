@@ -22,13 +22,27 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Generic, Protocol, TypeVar
 
 from fencepost.errors import FencepostError, ShuttingDown
 from fencepost.store.base import Freed
+from fencepost.store.batch import test_hooks_enabled
 
 _log = logging.getLogger(__name__)
+
+
+def _period(name: str, default: float) -> float:
+    """`default`, or with the test hooks on (FENCEPOST_TEST_HOOKS=1) the
+    seconds in FENCEPOST_<name>. Tests push the safety wake far out so that a
+    lost wake-up shows as a waiter that waits its whole wait, however loaded
+    the machine, instead of as a grant that came a few seconds late."""
+    value = os.environ.get(f"FENCEPOST_{name}")
+    if value is None or not test_hooks_enabled():
+        return default
+    return float(value)
+
 
 # A waiter's place in line lasts this long unless refreshed; each retry, and
 # the sweep, refresh it. The waiters of a server process that died leave
@@ -40,10 +54,10 @@ WAITER_ALIVE_MS = 10_000
 # retry or sweep refreshed for REFRESH_AFTER_S (so each is written about once
 # every REFRESH_AFTER_S, and always with more than WAITER_ALIVE_MS -
 # REFRESH_AFTER_S - SWEEP_S = 2.5 s left).
-SWEEP_S = 2.5
+SWEEP_S = _period("SWEEP_S", 2.5)
 REFRESH_AFTER_S = 5.0
 # How often the first waiter of each line re-checks without a wake-up.
-SAFETY_WAKE_S = 5.0
+SAFETY_WAKE_S = _period("SAFETY_WAKE_S", 5.0)
 # Places refreshed per store operation. Waiters that parked together fall due
 # together; 10,000 of them in one operation held SQLite's writer for 56 ms
 # (measured), and every request behind it waited that long (workload (e)'s
