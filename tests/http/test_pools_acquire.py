@@ -386,6 +386,23 @@ def test_fail_fast_does_not_jump_the_line(
     assert_error(acquire(member, pool), 429, "too_many_requests")
 
 
+def test_a_grant_after_a_wait_has_the_configuration_it_was_admitted_under(
+    server: ServerProcess, admin: httpx.Client, member: httpx.Client, member_key: str,
+) -> None:
+    pool = make_pool(admin, limit=1, term_ms=30_000, request_timeout_ms=60_000)
+    holder = grab(member, pool)
+    w = start_waiter(server, member_key, pool, "w", 20_000)
+    assert wait_for(lambda: queued(admin, pool) == 1)
+    changed = {"term_ms": 12_000, "renew_interval_ms": 2_000}
+    assert admin.patch(f"/v1/pools/{pool}", json=changed).status_code == 200
+    assert release(member, pool, holder["slot_id"]).json() == {"released": True}
+    resp = w.join()
+    assert resp.status_code == 200, resp.text
+    grant = resp.json()
+    assert {k: grant[k] for k in changed} == changed
+    assert grant["request_deadline"] - grant["lease_deadline"] == 60_000 - 12_000
+
+
 def test_raising_the_limit_admits_waiters(wake_server: ServerProcess) -> None:
     """(The server has no safety wake: without the wake-up of the new limit
     the waiter would wait its whole wait.)"""

@@ -160,7 +160,7 @@ async def test_the_sweep_keeps_the_places_it_is_given(store, clock):
     await store.put_pool(P, "api", PoolConfig(limit=1, queue_size=5))
     assert (await store.acquire_slot(P, "api", wait_alive_ms=None)).slot is not None
     lock_place = await store.acquire_lock(P, "k", req(), wait_alive_ms=2_000)
-    slot_place = await store.acquire_slot(P, "api", wait_alive_ms=2_000)
+    slot_place = await store.acquire_slot(P, "api", wait_ms=2_000, wait_alive_ms=2_000)
     other = await store.acquire_lock(P, "k", req(), wait_alive_ms=2_000)
     clock.advance(1_500)
     busy = await store.keep_waiting(

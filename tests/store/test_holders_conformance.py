@@ -124,7 +124,7 @@ async def test_a_waiter_admitted_to_a_slot_is_its_holder(store):
     alice, bob = await keys(store, "alice", "bob")
     await store.put_pool(P, "api", PoolConfig(limit=1))
     held = await store.acquire_slot(P, "api", wait_alive_ms=None, key_id=alice)
-    queued = await store.acquire_slot(P, "api", wait_alive_ms=5_000, key_id=bob)
+    queued = await store.acquire_slot(P, "api", wait_ms=5_000, wait_alive_ms=5_000, key_id=bob)
     assert held.slot is not None and queued.ticket is not None
     await store.release_slot(P, "api", held.slot.slot_id, None)
     admitted = await store.retry_slot_waiter(P, "api", queued.ticket, 5_000, bob)

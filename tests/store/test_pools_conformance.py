@@ -43,15 +43,56 @@ async def test_unknown_pool(store):
 async def test_queue_order_and_size(store):
     await store.put_pool(P, "api", PoolConfig(limit=1, queue_size=2))
     held = await store.acquire_slot(P, "api", wait_alive_ms=None)
-    w1 = await store.acquire_slot(P, "api", wait_alive_ms=5_000)
-    w2 = await store.acquire_slot(P, "api", wait_alive_ms=5_000)
-    full = await store.acquire_slot(P, "api", wait_alive_ms=5_000)
+    w1 = await store.acquire_slot(P, "api", wait_ms=5_000, wait_alive_ms=5_000)
+    w2 = await store.acquire_slot(P, "api", wait_ms=5_000, wait_alive_ms=5_000)
+    full = await store.acquire_slot(P, "api", wait_ms=5_000, wait_alive_ms=5_000)
     assert w1.ticket is not None and w2.ticket is not None and full.ticket is None
     assert (await store.get_pool(P, "api")).queued == 2
     assert await store.release_slot(P, "api", held.slot.slot_id, None)
     assert (await store.acquire_slot(P, "api", wait_alive_ms=None)).slot is None  # no jumping
     assert (await store.retry_slot_waiter(P, "api", w2.ticket, 5_000)).slot is None
     assert (await store.retry_slot_waiter(P, "api", w1.ticket, 5_000)).slot is not None
+
+
+async def test_the_store_clamps_the_wait_to_the_pool(store):
+    config = PoolConfig(limit=1, queue_size=2, queue_timeout_ms=500, term_ms=9_000,
+                        renew_interval_ms=1_000)
+    await store.put_pool(P, "api", config)
+    held = await store.acquire_slot(P, "api", wait_ms=5_000, wait_alive_ms=None)
+    assert held.slot is not None and held.config == config and held.wait_ms == 500
+    refused = await store.acquire_slot(P, "api", wait_alive_ms=5_000)  # asked no wait
+    assert (refused.ticket, refused.wait_ms, refused.config) == (None, 0, config)
+    fail_fast = await store.acquire_slot(P, "api", wait_ms=5_000, no_queue=True,
+                                         wait_alive_ms=5_000)
+    assert (fail_fast.ticket, fail_fast.wait_ms) == (None, 0)
+    queued = await store.acquire_slot(P, "api", wait_ms=200, wait_alive_ms=5_000)
+    assert queued.ticket is not None and queued.wait_ms == 200
+    assert (await store.get_pool(P, "api")).queued == 1
+    await store.put_pool(P, "none", PoolConfig(limit=1, queue_size=0))
+    await store.acquire_slot(P, "none", wait_alive_ms=None)
+    no_line = await store.acquire_slot(P, "none", wait_ms=5_000, wait_alive_ms=5_000)
+    assert (no_line.ticket, no_line.wait_ms) == (None, 0)
+
+
+async def test_a_waiter_is_granted_under_the_configuration_it_is_admitted_under(store, clock):
+    await store.put_pool(P, "api", PoolConfig(limit=1, term_ms=9_000))
+    held = await store.acquire_slot(P, "api", wait_alive_ms=None)
+    waiter = await store.acquire_slot(P, "api", wait_ms=5_000, wait_alive_ms=5_000)
+    assert waiter.config.term_ms == 9_000 and waiter.wait_ms == 5_000
+    changed = PoolConfig(limit=1, term_ms=4_000, renew_interval_ms=1_500)
+    await store.put_pool(P, "api", changed)
+    assert await store.release_slot(P, "api", held.slot.slot_id, None)
+    admitted = await store.retry_slot_waiter(P, "api", waiter.ticket, 5_000)
+    assert admitted.slot is not None and admitted.config == changed
+    assert admitted.slot.lease_deadline_ms == clock.now + 4_000
+
+
+async def test_an_unknown_pool_is_not_found_before_the_session_is_judged(store):
+    session = await store.create_session(P, "key_a", 30, None)
+    await store.end_session(P, "key_a", session.session_id)
+    with pytest.raises(NotFound):
+        await store.acquire_slot(P, "nope", wait_ms=1_000, wait_alive_ms=5_000,
+                                 key_id="key_a", session_id=session.session_id)
 
 
 async def test_renew_cap_and_reclaim(store, clock):
@@ -107,7 +148,7 @@ async def test_delete_ends_slots_and_line(store):
     store.add_freed_listener(events.append)
     await store.put_pool(P, "api", PoolConfig(limit=1))
     await store.acquire_slot(P, "api", wait_alive_ms=None)
-    waiter = await store.acquire_slot(P, "api", wait_alive_ms=5_000)
+    waiter = await store.acquire_slot(P, "api", wait_ms=5_000, wait_alive_ms=5_000)
     assert await store.delete_pool(P, "api") is True
     assert await store.delete_pool(P, "api") is False
     await asyncio.sleep(0)

@@ -60,7 +60,8 @@ class WriterStatements:
 
 
 async def _acquire(store: Any, pool: str = "api", **kw: Any) -> Any:
-    return await store.acquire_slot(P, pool, wait_alive_ms=kw.pop("wait", None), **kw)
+    wait = kw.pop("wait", None)
+    return await store.acquire_slot(P, pool, wait_ms=wait or 0, wait_alive_ms=wait, **kw)
 
 
 async def test_a_known_pool_admits_renews_and_releases_without_reading_it(store, clock):
@@ -78,6 +79,7 @@ async def test_a_known_pool_admits_renews_and_releases_without_reading_it(store,
     assert first.slot.lease_deadline_ms == clock.now + 1_000
     assert first.slot.request_deadline_ms == clock.now + 10_000
     assert sent.took(_ADMIT_IF_ROOM) == 2 and sent.took(_LOAD_WITH_COUNTS) == 0
+    assert first.config == config and first.wait_ms == 0
     holders = {h.slot_id_prefix: h.key.key_id for h in await store.list_slots(P, "api")}
     assert holders == {first.slot.slot_id[:13]: "key_a", second.slot.slot_id[:13]: None}
 
@@ -98,6 +100,23 @@ async def test_a_known_pool_admits_renews_and_releases_without_reading_it(store,
     ends = [e for e in reported if isinstance(e, Ended)]
     assert [(g.kind, g.name) for g in grants] == [("slot", "api")] * 2
     assert [(e.reason, e.held_ms) for e in ends] == [("released", 600)]
+
+
+async def test_the_short_path_clamps_the_wait_by_the_remembered_pool(store):
+    config = PoolConfig(limit=3, queue_timeout_ms=700, term_ms=6_000)
+    await store.put_pool(P, "api", config)
+    sent = WriterStatements(store)
+    granted = await _acquire(store, wait=90_000)
+    fail_fast = await _acquire(store, wait=90_000, no_queue=True)
+    assert (granted.wait_ms, granted.config) == (700, config)
+    assert (fail_fast.wait_ms, fail_fast.config) == (0, config)
+    assert sent.took(_ADMIT_IF_ROOM) == 2 and sent.took(_LOAD_WITH_COUNTS) == 0
+    await store.put_pool(P, "api", replace(config, queue_timeout_ms=300))
+    sent.clear()
+    assert (await _acquire(store, wait=90_000)).wait_ms == 300  # and remembered anew
+    queued = await _acquire(store, wait=90_000)
+    assert queued.ticket is not None and queued.wait_ms == 300
+    assert sent.took(_LOAD_WITH_COUNTS) == 1  # the full pool: the general case
 
 
 async def test_a_pool_at_its_limit_refuses_and_queues_as_before(store):

@@ -70,7 +70,7 @@ async def test_dead_waiters_leave_at_most_the_bound_per_pass(store, clock):
     for _ in range(3 * BOUND):
         waiting = await store.acquire_lock(P, "k", _request(wait_ms=60_000), wait_alive_ms=1_000)
         assert waiting.ticket is not None
-        queued = await store.acquire_slot(P, "api", wait_alive_ms=1_000)
+        queued = await store.acquire_slot(P, "api", wait_ms=1_000, wait_alive_ms=1_000)
         assert queued.ticket is not None
     clock.advance(1_000)  # no retry refreshed them: dead
     # Each pass drops BOUND of each line's dead waiters and says more may be

@@ -37,7 +37,8 @@ async def fill_lines(store: SqlStore) -> str:
     assert (await store.acquire_lock(P, "k", req(), wait_alive_ms=ALIVE_MS)).ticket is not None
     await store.put_pool(P, "api", PoolConfig(limit=1))
     assert (await store.acquire_slot(P, "api", wait_alive_ms=None)).slot is not None
-    assert (await store.acquire_slot(P, "api", wait_alive_ms=ALIVE_MS)).ticket is not None
+    queued = await store.acquire_slot(P, "api", wait_ms=ALIVE_MS, wait_alive_ms=ALIVE_MS)
+    assert queued.ticket is not None
     return holder.lock_token
 
 

@@ -85,6 +85,9 @@ class Outcome(Generic[T]):
     ticket: int | None = None
     refusal: FencepostError | None = None  # what to answer if the wait ends now
     recheck_s: float | None = None  # when the refusal is known to end, if it is
+    # The wait a first try settled on, when the store decides it (a pool clamps
+    # the wait asked for to its configuration in the transaction that admits).
+    wait_s: float | None = None
 
 
 class Line(Protocol[T]):
@@ -242,7 +245,9 @@ def _portions(
 
 
 async def wait_for_grant(room: WaitRoom, line: Line[T], wait_s: float, gone: asyncio.Event) -> T:
-    """A grant from `line`, waiting up to `wait_s` for one (0: try once).
+    """A grant from `line`, waiting up to `wait_s` for one (0: try once); a
+    first try's `Outcome.wait_s`, when given, replaces `wait_s` (the store
+    settled the wait).
 
     Raises the refusal when there is no place in line (fail-fast, or the line
     is full), `line.timed_out(last)` when the wait runs out, ClientGone when
@@ -253,6 +258,8 @@ async def wait_for_grant(room: WaitRoom, line: Line[T], wait_s: float, gone: asy
     first = await line.try_once(wait_s > 0)
     if first.granted is not None:
         return first.granted
+    if first.wait_s is not None:
+        wait_s = first.wait_s
     if first.ticket is None:
         assert first.refusal is not None
         raise first.refusal

@@ -208,9 +208,15 @@ class SlotAttempt:
     ticket: int | None
     in_use: int
     effective_limit: int
+    # The pool's configuration as this attempt was decided under it (a grant's
+    # term_ms and renew interval come from it).
+    config: PoolConfig
     retry_after_ms: int | None = None  # when to try again (a waiter re-checks then)
     paused_until_ms: int | None = None  # set while the pool is paused (SPEC §4.5)
     pause_left_ms: int | None = None  # ... and how long it has to go, by the store's clock
+    # The wait acquire_slot was asked for, clamped to `config`
+    # (rules.clamp_wait_ms; 0: fail fast). A retry's is 0: its wait was settled.
+    wait_ms: int = 0
 
 
 # How many lock keys and pools a session's view lists; `leases` and `slots`
@@ -385,22 +391,28 @@ class Store(Protocol):
         """Remove the pool, its slots and its line; False when there is no such pool."""
 
     async def acquire_slot(
-        self, project: str, pool: str, *, wait_alive_ms: int | None, key_id: str | None = None,
-        session_id: str | None = None,
+        self, project: str, pool: str, *, wait_ms: int = 0, no_queue: bool = False,
+        wait_alive_ms: int | None, key_id: str | None = None, session_id: str | None = None,
     ) -> SlotAttempt:
-        """Admit, queue (when `wait_alive_ms` is given and the queue has room), or
-        refuse. Raises NotFound for an unknown pool. A slot admitted records
-        `key_id`, the API key that asked. With `session_id`, the slot is attached
-        to that session of `key_id`'s (NotFound when it is not theirs,
-        SessionLost when it has ended)."""
+        """Admit, queue, or refuse. The wait asked for (`wait_ms`; none with
+        `no_queue`, SPEC §4.2's X-No-Queue) is clamped to the pool's
+        configuration in the transaction that decides, and the attempt reports
+        it (`SlotAttempt.wait_ms`) with that configuration; a refusal joins the
+        line when `wait_alive_ms` (how long the place lasts unless refreshed) is
+        given, the clamped wait is not 0 and the queue has room. Raises
+        NotFound for an unknown pool, before anything else. A slot admitted
+        records `key_id`, the API key that asked. With `session_id`, the slot
+        is attached to that session of `key_id`'s (NotFound when it is not
+        theirs, SessionLost when it has ended)."""
 
     async def retry_slot_waiter(
         self, project: str, pool: str, ticket: int, alive_ms: int, key_id: str | None = None,
         session_id: str | None = None,
     ) -> SlotAttempt:
-        """Admit a waiter when a slot is free and no live waiter is ahead of it.
-        Raises NotFound when the pool was deleted, SessionLost when the
-        waiter's session ended."""
+        """Admit a waiter when a slot is free and no live waiter is ahead of it,
+        reporting the pool's configuration as it is now (the one a slot is
+        admitted under). Raises NotFound when the pool was deleted,
+        SessionLost when the waiter's session ended."""
 
     async def list_slots(self, project: str, pool: str) -> list[SlotHolderView]:
         """The pool's live slots, oldest first. Raises NotFound for an unknown pool."""

@@ -331,25 +331,30 @@ class SqlStore:
         )
 
     async def acquire_slot(
-        self, project: str, pool: str, *, wait_alive_ms: int | None, key_id: str | None = None,
-        session_id: str | None = None,
+        self, project: str, pool: str, *, wait_ms: int = 0, no_queue: bool = False,
+        wait_alive_ms: int | None, key_id: str | None = None, session_id: str | None = None,
     ) -> SlotAttempt:
         place = None if wait_alive_ms is None else self._place(wait_alive_ms)
         known = self._known_pools
+        wanted = pools.Wanted(wait_ms, no_queue)
         if session_id is not None:
-            # A plain operation: the session is read before anything else.
-            return await self._writer.run(
-                lambda tx: _attached_slot(
+            # A plain operation: the pool's existence, then the session, are
+            # read before anything else (an unknown pool is 404 first, SPEC §4.2).
+            def attached(tx: Tx) -> SlotAttempt:
+                pools.require(tx, project, pool)
+                return _attached_slot(
                     tx, project, key_id, session_id,
-                    lambda: pools.acquire(tx, known, project, pool, place),
-                ),
-                pools.key_of(project, pool) + sessions.key_of(project, session_id),
+                    lambda: pools.acquire(tx, known, project, pool, wanted, place),
+                )
+
+            return await self._writer.run(
+                attached, pools.key_of(project, pool) + sessions.key_of(project, session_id)
             )
         return await self._writer.run_steps(
             lambda tx: pools.acquire_step(
-                tx, known, project, pool, key_id,
+                tx, known, project, pool, key_id, wanted,
                 lambda: slot_holders.stamp_holder(
-                    tx, pools.acquire(tx, known, project, pool, place), key_id
+                    tx, pools.acquire(tx, known, project, pool, wanted, place), key_id
                 ),
             ),
             pools.key_of(project, pool),

@@ -6,7 +6,6 @@ from typing import Any
 
 import msgspec
 
-from fencepost.core import slots as rules
 from fencepost.core.ratelimit_headers import RateLimitInfo, merge, parse_rate_limit_headers
 from fencepost.core.slots import PoolConfig, Slot
 from fencepost.core.timefmt import format_at
@@ -18,6 +17,7 @@ from fencepost.errors import (
     ValidationError,
 )
 from fencepost.server import schemas
+from fencepost.server.access_log import AcquireLog
 from fencepost.server.context import Call
 from fencepost.server.http import json_response
 from fencepost.server.listing import list_query, no_query, page
@@ -177,13 +177,13 @@ def _too_many(result: SlotAttempt) -> TooManyRequests:
     )
 
 
-def _outcome(result: SlotAttempt) -> Outcome[SlotAttempt]:
+def _outcome(result: SlotAttempt, wait_s: float | None = None) -> Outcome[SlotAttempt]:
     if result.slot is not None:
         return Outcome(result)
     # Re-check when the refusal is known to end (a probe of a pause, the next
     # paced turn, a slot's hard cap), without waiting for a wake-up.
     recheck = None if result.retry_after_ms is None else result.retry_after_ms / 1000
-    return Outcome(None, result.ticket, _too_many(result), recheck)
+    return Outcome(None, result.ticket, _too_many(result), recheck, wait_s)
 
 
 async def acquire(call: Call[schemas.AcquireSlotBody | None]) -> Response:
@@ -191,21 +191,24 @@ async def acquire(call: Call[schemas.AcquireSlotBody | None]) -> Response:
     (the app writes the line of one that fails)."""
     svc, caller, log, pool = call.services, call.caller, call.acquire_log, call.params["pool"]
     wanted_ms, no_queue = _wanted_wait_ms(call)
-    view = await svc.store.get_pool(caller.project, pool)
-    if view is None:
-        raise NotFound(f"No pool named {pool!r}.")
-    wait_ms = rules.clamp_wait_ms(view.config, wanted_ms, no_queue)
-    log.waited = wait_ms > 0
     session_id = None if call.body is None else call.body.session_id
-    line = _SlotLine(svc.store, caller.project, pool, caller.key_id, wait_ms, session_id)
-    admitted = await wait_for_grant(svc.waiters, line, wait_ms / 1000, call.request.gone)
+    # The pool is not read first: the store clamps the wait to the pool's
+    # configuration in the transaction that admits (and raises NotFound, the
+    # 404, for an unknown pool before anything else); see _SlotLine.try_once.
+    line = _SlotLine(svc.store, caller.project, pool, caller.key_id, wanted_ms, no_queue,
+                     session_id, log)
+    asked_s = 0 if no_queue else max(0, wanted_ms) / 1000  # at most this; the try clamps it
+    admitted = await wait_for_grant(svc.waiters, line, asked_s, call.request.gone)
     slot = admitted.slot
     assert slot is not None
     # The first characters correlate log lines; the whole ID is a capability.
     log.write("granted", 200, slot_id_prefix=slot.slot_id[:9])
     return json_response(
         200,
-        _grant_body(slot, view.config),
+        # The configuration the slot was admitted under (after a wait, that of
+        # the retry that admitted it: a PUT or PATCH meanwhile may have changed
+        # the pool's, and the slot's deadlines follow the one it got).
+        _grant_body(slot, admitted.config),
         headers={
             "X-Remaining-Slots": str(max(0, admitted.effective_limit - admitted.in_use)),
             "X-Effective-Limit": str(admitted.effective_limit),
@@ -228,15 +231,18 @@ class _SlotLine:
     """A pool's line in the store (waiting.Line)."""
 
     def __init__(
-        self, store: Store, project: str, pool: str, key_id: str, wait_ms: int,
-        session_id: str | None,
+        self, store: Store, project: str, pool: str, key_id: str, wanted_ms: int,
+        no_queue: bool, session_id: str | None, log: AcquireLog,
     ) -> None:
         self._store = store
         self._session_id = session_id  # attach the slot to it (SPEC §3.10)
         self._project = project
         self._pool = pool
         self._key_id = key_id
-        self._wait_ms = wait_ms
+        self._wanted_ms = wanted_ms  # as asked; the store clamps it
+        self._no_queue = no_queue
+        self._log = log
+        self._wait_ms = 0  # the clamped wait, once the first try has told it
 
     @property
     def places(self) -> tuple[Place, ...]:
@@ -244,9 +250,14 @@ class _SlotLine:
 
     async def try_once(self, wait: bool) -> Outcome[SlotAttempt]:
         alive_ms = WAITER_ALIVE_MS if wait else None
-        return _outcome(await self._store.acquire_slot(
-            self._project, self._pool, wait_alive_ms=alive_ms, key_id=self._key_id,
-            session_id=self._session_id))
+        attempt = await self._store.acquire_slot(
+            self._project, self._pool, wait_ms=self._wanted_ms, no_queue=self._no_queue,
+            wait_alive_ms=alive_ms, key_id=self._key_id, session_id=self._session_id)
+        # The wait clamped to the pool's configuration (SPEC §4.2) decides how
+        # long to wait, and whether a refusal is logged as a timeout.
+        self._wait_ms = attempt.wait_ms
+        self._log.waited = attempt.wait_ms > 0
+        return _outcome(attempt, attempt.wait_ms / 1000)
 
     async def retry(self, ticket: int) -> Outcome[SlotAttempt]:
         return _outcome(await self._store.retry_slot_waiter(

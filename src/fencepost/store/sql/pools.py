@@ -14,6 +14,10 @@ from the remembered state, and nobody alive in line; a renewal extends the
 slot by the remembered term under the same version; a release counts itself
 in an update of the pool guarded by the caller's live slot, then deletes the
 slot. Otherwise the general case reads the pool and decides as before.
+
+An acquire also clamps the wait its caller asked for (`Wanted`) by the
+configuration it decided with, remembered or read, and answers with both: the
+route reads nothing before it (SPEC §4.2's clamping, and the grant's term).
 """
 
 from __future__ import annotations
@@ -409,7 +413,7 @@ def _admit(
     if state.learns_rate and gov.probe_wait_ms(state.governor, now) is not None:
         # Admitted during a pause: this call is a probe; space out the next one.
         _save_governor(tx, known, project, pool, state, gov.after_probe(state.governor, now))
-    return SlotAttempt(slot, None, used + 1, state.limit)
+    return SlotAttempt(slot, None, used + 1, state.limit, state.config)
 
 
 def _try_admit(
@@ -442,19 +446,41 @@ def _try_admit(
         # next turn would be a stampede of which only the head can win.
         blocked_ms += int(waiters_ahead * interval)
     left = None if paused_until is None else max(1, paused_until - now)
-    return SlotAttempt(None, None, used, state.limit, blocked_ms, paused_until, left)
+    return SlotAttempt(
+        None, None, used, state.limit, state.config, blocked_ms, paused_until, left)
+
+
+class Wanted(NamedTuple):
+    """The wait an acquire asked for (SPEC §4.2), before the pool clamps it."""
+
+    wait_ms: int
+    no_queue: bool  # X-No-Queue: fail fast whatever the wait
+
+    def clamped(self, config: PoolConfig) -> int:
+        return rules.clamp_wait_ms(config, self.wait_ms, self.no_queue)
+
+
+def require(tx: Tx, project: str, pool: str) -> None:
+    """NotFound unless the pool exists."""
+    if tx.execute(
+        "SELECT 1 FROM pools WHERE project = ? AND name = ?", (project, pool)
+    ).fetchone() is None:
+        raise NotFound(f"No pool named {pool!r}.")
 
 
 def acquire(
-    tx: Tx, known: KnownPools, project: str, pool: str, place: Place | None
+    tx: Tx, known: KnownPools, project: str, pool: str, wanted: Wanted, place: Place | None
 ) -> SlotAttempt:
     """The general case of an acquire: read the pool and its counts, then admit,
-    refuse, or (with a place) join the line."""
+    refuse, or (with a place, and a wait the pool's configuration allows) join
+    the line."""
     # Contract: counting live slots and inserting the new one happen in one
     # transaction, so no more than `limit` slots are ever live (SPEC §7.5).
     state, used, queued = load_with_counts(tx, known, project, pool)
-    attempt = _try_admit(tx, known, project, pool, state, used, queued)
-    if attempt.slot is not None or place is None or queued >= state.config.queue_size:
+    wait_ms = wanted.clamped(state.config)
+    attempt = replace(_try_admit(tx, known, project, pool, state, used, queued), wait_ms=wait_ms)
+    if attempt.slot is not None or place is None or not wait_ms or (
+            queued >= state.config.queue_size):
         return attempt
     ticket = _join_line(tx, project, pool, place)
     return replace(attempt, ticket=ticket)
@@ -480,7 +506,7 @@ _LIVE_SLOTS = (
 
 
 def acquire_step(
-    tx: Tx, known: KnownPools, project: str, pool: str, key_id: str | None,
+    tx: Tx, known: KnownPools, project: str, pool: str, key_id: str | None, wanted: Wanted,
     otherwise: Callable[[], SlotAttempt],
 ) -> Step[SlotAttempt]:
     """A step operation (see batch.py): first the common case, a guarded insert
@@ -511,7 +537,10 @@ def acquire_step(
             return UNDECIDED
         (in_use,) = counted.fetchone()
         tx.events.append(Granted("slot", project, pool, None, tx.origin))
-        return SlotAttempt(slot, None, int(in_use), state.limit)
+        # The version guard proved the remembered configuration current: the
+        # wait and the grant's fields come from it, as the general case's would.
+        return SlotAttempt(slot, None, int(in_use), state.limit, state.config,
+                           wait_ms=wanted.clamped(state.config))
 
     return Step(answer, otherwise)
 
@@ -535,6 +564,9 @@ def retry_waiter(
     if not refreshed:  # dropped as dead (e.g. a stalled loop): rejoin at the back
         ticket = _join_line(tx, project, pool, place)
     # NotFound once the pool is deleted; raising undoes this operation's writes.
+    # The attempt carries the configuration read here, the one a slot admitted
+    # now is admitted under (a PUT or PATCH may have changed it since the wait
+    # began): the grant reports it.
     state, used, ahead = load_with_counts(tx, known, project, pool, ticket)
     attempt = _try_admit(tx, known, project, pool, state, used, ahead)
     if attempt.slot is None:

@@ -8,9 +8,9 @@ capability to renew and release the slot.
 
 from __future__ import annotations
 
-from fencepost.errors import NotFound
 from fencepost.store.base import KeyRef, SlotAttempt, SlotHolderView
 from fencepost.store.batch import Tx
+from fencepost.store.sql import pools
 
 # "slot_" and 8 of the 32 random characters: enough to tell slots apart in a
 # listing, far too few to guess the rest (the id carries 192 random bits).
@@ -30,10 +30,7 @@ def stamp_holder(tx: Tx, attempt: SlotAttempt, key_id: str | None) -> SlotAttemp
 
 def list_slots(tx: Tx, project: str, pool: str) -> list[SlotHolderView]:
     """The pool's live slots, oldest first (by the store's clock)."""
-    if tx.execute(
-        "SELECT 1 FROM pools WHERE project = ? AND name = ?", (project, pool)
-    ).fetchone() is None:
-        raise NotFound(f"No pool named {pool!r}.")
+    pools.require(tx, project, pool)
     rows = tx.execute(
         "SELECT s.slot_id, s.key_id, k.name, s.acquired_ms, s.lease_deadline_ms, "
         "s.request_deadline_ms FROM slots s LEFT JOIN api_keys k ON k.id = s.key_id "
