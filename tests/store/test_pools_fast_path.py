@@ -432,3 +432,20 @@ async def test_a_write_that_knows_no_version_still_ends_the_guess(store):
     assert _version(store) != before
     refused = await _acquire(store)
     assert refused.slot is None and refused.effective_limit == 1
+
+
+async def test_an_acquire_of_a_missing_pool_is_refused_without_replaying_its_batch(store):
+    """NotFound is the missing pool's answer, not an error that rolls back
+    the batch and replays everyone else's operations one by one."""
+    await store.put_pool(P, "api", PoolConfig(limit=10))
+    sent = WriterStatements(store)
+    outcomes = await asyncio.gather(
+        *(_acquire(store, "api") for _ in range(5)),
+        _acquire(store, "no-such-pool"),
+        _acquire(store, "no-such-pool", session_id="sess_none", key_id="key_a"),
+        return_exceptions=True,
+    )
+    granted, missing = outcomes[:5], outcomes[5:]
+    assert all(not isinstance(o, BaseException) and o.slot is not None for o in granted)
+    assert all(isinstance(o, NotFound) for o in missing), missing
+    assert not any("SAVEPOINT" in statement for statement in sent.sent), sent.sent

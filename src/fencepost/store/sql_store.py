@@ -15,7 +15,7 @@ from fencepost.core.keys import hash_secret, new_secret
 from fencepost.core.leases import AcquireRequest, FenceVerdict, Lease
 from fencepost.core.sessions import Session, SessionEnd
 from fencepost.core.slots import PoolConfig, Slot
-from fencepost.errors import StoreUnavailable
+from fencepost.errors import NotFound, StoreUnavailable
 from fencepost.events import SessionChanged
 from fencepost.store.base import (
     SESSION_SHOWN,
@@ -38,7 +38,7 @@ from fencepost.store.base import (
     SlotHolderView,
     SlotReport,
 )
-from fencepost.store.batch import NO_KEYS, BatchWriter, Engine, Key, Keys, Tx
+from fencepost.store.batch import NO_KEYS, BatchWriter, Engine, Key, Keys, Step, Tx
 from fencepost.store.health import WriteHealth, probe_writes
 from fencepost.store.sql import (
     census,
@@ -347,18 +347,23 @@ class SqlStore:
                     lambda: pools.acquire(tx, known, project, pool, wanted, place),
                 )
 
-            return await self._writer.run(
-                attached, pools.key_of(project, pool) + sessions.key_of(project, session_id)
+            found = await self._writer.run(
+                lambda tx: _absent_as_value(lambda: attached(tx)),
+                pools.key_of(project, pool) + sessions.key_of(project, session_id),
             )
-        return await self._writer.run_steps(
-            lambda tx: pools.acquire_step(
-                tx, known, project, pool, key_id, wanted,
-                lambda: slot_holders.stamp_holder(
-                    tx, pools.acquire(tx, known, project, pool, wanted, place), key_id
-                ),
-            ),
-            pools.key_of(project, pool),
-        )
+        else:
+            found = await self._writer.run_steps(
+                lambda tx: _step_absent_as_value(pools.acquire_step(
+                    tx, known, project, pool, key_id, wanted,
+                    lambda: slot_holders.stamp_holder(
+                        tx, pools.acquire(tx, known, project, pool, wanted, place), key_id
+                    ),
+                )),
+                pools.key_of(project, pool),
+            )
+        if isinstance(found, NotFound):
+            raise found
+        return found
 
     async def retry_slot_waiter(
         self, project: str, pool: str, ticket: int, alive_ms: int, key_id: str | None = None,
@@ -525,6 +530,23 @@ class SqlStore:
 class _AttachedMoved(Exception):
     """A lease or slot was attached to a session between the read of its keys
     and the batch that moves or ends them: read them again."""
+
+
+def _absent_as_value(admit: Callable[[], SlotAttempt]) -> SlotAttempt | NotFound:
+    """An acquire of a pool that does not exist answers NotFound as a value,
+    raised once its batch has committed. Raised inside the batch it would roll
+    the batch back and replay every other operation in it one by one
+    (batch.py), so a caller asking for a missing pool again and again would
+    double the store's work for everyone. Nothing has been written when the
+    pool is found missing: its row is what an acquire reads first."""
+    try:
+        return admit()
+    except NotFound as missing:
+        return missing
+
+
+def _step_absent_as_value(step: Step[SlotAttempt]) -> Step[SlotAttempt | NotFound]:
+    return Step(step.answer, lambda: _absent_as_value(step.otherwise))
 
 
 def _attached_slot(
