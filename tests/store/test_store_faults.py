@@ -179,3 +179,28 @@ async def test_sqlite_store_refuses_everything_once_its_file_is_lost(tmp_path: P
     finally:
         await store.close()
     await asyncio.sleep(0)
+
+
+async def test_after_the_database_ends_every_session_one_write_fails_not_one_per_connection(
+    store, clock,
+):
+    """A failover (here: every session of the database ended at once) leaves
+    each of the writer's connections stale. The first batch that meets one
+    fails loudly (503, nothing acknowledged); the writer then replaces every
+    connection opened before it, so the writes after it succeed, whichever
+    connection serves them."""
+    if isinstance(store, SqliteStore):
+        pytest.skip("one SQLite connection, never reopened (a deleted file must stay lost)")
+    await grant(store, "before")
+    name = store.url.rsplit("/", 1)[1]
+    with psycopg.connect(store.url, autocommit=True) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = %s AND pid <> pg_backend_pid()", (name,))
+    refused = 0
+    for round_ in range(8):  # one after another: each writer connection serves some
+        try:
+            await grant(store, f"after-{round_}")
+        except StoreUnavailable:
+            refused += 1
+    assert refused <= 1

@@ -163,6 +163,13 @@ class Engine(Protocol):
     def broken(self, conn: Any) -> bool:
         """True when the connection cannot be used again."""
 
+    # Whether one connection failing fatally means the writer's others are
+    # stale too and are replaced before their next batch (a database server
+    # that failed over, restarted or turned read-only ended or soured every
+    # session at once). Never for SQLite: reconnecting to a deleted store
+    # file would make a new, empty one.
+    stale_together: bool
+
     def pipeline(self, conn: Any) -> ContextManager[Any]:
         """A block whose statements are sent without waiting for their answers;
         an answer is waited for when it is read, and all of them at the end."""
@@ -351,11 +358,12 @@ class _Jobs:
 class _Link:
     """One connection of a writer, and when it may next try to connect."""
 
-    __slots__ = ("conn", "next_connect")
+    __slots__ = ("conn", "next_connect", "generation")
 
     def __init__(self, conn: Any) -> None:
         self.conn = conn
         self.next_connect = 0.0
+        self.generation = 0  # the writer's generation when `conn` was opened
 
 
 def test_hooks_enabled() -> bool:
@@ -382,6 +390,7 @@ class BatchWriter:
         self._threads: list[threading.Thread] = []
         self._hold: Callable[[list[Key]], None] | None = None
         self._hold_at_commit = False
+        self._generation = 0  # bumped when a connection fails fatally (stale_together)
         # Told each batch's size, its seconds from begin to commit, and whether it
         # failed (the metrics); called on the writer threads.
         self.observer: Callable[[int, float, bool], None] | None = None
@@ -461,6 +470,8 @@ class BatchWriter:
             link.conn = None
 
     def _connection(self, link: _Link) -> Any:
+        if link.conn is not None and link.generation < self._generation:
+            self._close(link)  # opened before another connection failed fatally
         if link.conn is None:
             if time.monotonic() < link.next_connect:
                 raise StoreUnavailable("The store is unreachable; retrying shortly.")
@@ -469,6 +480,7 @@ class BatchWriter:
             except self._engine.errors as exc:
                 link.next_connect = time.monotonic() + RECONNECT_BACKOFF_S
                 raise StoreUnavailable(f"The store is unreachable: {exc}.") from exc
+            link.generation = self._generation
         return link.conn
 
     def _run_batch(self, link: _Link, batch: list[_Job[Any]], keys: set[Key]) -> None:
@@ -492,6 +504,12 @@ class BatchWriter:
             if not isinstance(exc, (StoreUnavailable, *self._engine.errors)):
                 _log.exception("a store batch failed unexpectedly")
             self._abandon(link)
+            if self._engine.stale_together and isinstance(exc, self._engine.errors) \
+                    and self._engine.fatal(exc):
+                # Every connection opened so far is suspect: each is replaced
+                # before its next batch, so the database's change of state
+                # refuses one write, not one per connection.
+                self._generation += 1
             failure = exc if isinstance(exc, StoreUnavailable) else StoreUnavailable(
                 f"The store failed: {exc}."
             )

@@ -144,6 +144,7 @@ class PostgresEngine:
     pipelines = True
     token_sequence: str | None = TOKEN_SEQUENCE
     ticket_sequence: str | None = TICKET_SEQUENCE
+    stale_together = True
 
     def __init__(
         self, url: str, clock_ms: Callable[[], int] | None, application_name: str

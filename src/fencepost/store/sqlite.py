@@ -39,6 +39,7 @@ class SqliteEngine:
     # Batches are serialised whole (BEGIN IMMEDIATE): the counter row is enough.
     token_sequence: str | None = None
     ticket_sequence: str | None = None
+    stale_together = False
 
     def __init__(
         self, path: str, clock_ms: Callable[[], int], peers: LocalPeers | None = None
