@@ -50,6 +50,19 @@ def test_unparked_waiters_are_forgotten() -> None:
 LOCK = ("lock", "default", "k")
 
 
+async def sweep_until(
+    room: WaitRoom, keep_waiting: waiting.KeepWaiting, swept: asyncio.Event
+) -> None:
+    """Run the room's sweep until `keep_waiting` sets `swept`, and let the
+    sweep finish its bookkeeping."""
+    sweeper = asyncio.create_task(room.sweep_forever(keep_waiting))
+    try:
+        await swept.wait()
+        await asyncio.sleep(0)
+    finally:
+        sweeper.cancel()
+
+
 def test_only_places_no_retry_refreshed_lately_are_running_out() -> None:
     room = WaitRoom()
     stale, fresh = room.park((LINE,), 1), room.park((LINE,), 2)
@@ -80,12 +93,7 @@ async def test_the_sweep_refreshes_what_ran_out_except_busy_lines(monkeypatch) -
         swept.set()
         return [LOCK]  # busy elsewhere: tried again at the next sweep
 
-    sweeper = asyncio.create_task(room.sweep_forever(keep_waiting))
-    try:
-        await swept.wait()
-        await asyncio.sleep(0)
-    finally:
-        sweeper.cancel()
+    await sweep_until(room, keep_waiting, swept)
     assert asked[0] == {LINE: [1], LOCK: [2]}
     assert a.refreshed > 0 and b.refreshed == 0
 
@@ -112,12 +120,7 @@ async def test_a_set_in_a_busy_line_stays_due_though_its_other_line_was_kept(
         swept.set()
         return [LOCK]
 
-    sweeper = asyncio.create_task(room.sweep_forever(keep_waiting))
-    try:
-        await swept.wait()
-        await asyncio.sleep(0)
-    finally:
-        sweeper.cancel()
+    await sweep_until(room, keep_waiting, swept)
     assert both.refreshed == 0
 
 
@@ -201,12 +204,7 @@ async def test_the_sweep_refreshes_many_places_in_portions(monkeypatch) -> None:
     def asked_tickets(calls):  # type: ignore[no-untyped-def]
         return [tickets for call in calls for tickets in call.values()]
 
-    sweeper = asyncio.create_task(room.sweep_forever(keep_waiting))
-    try:
-        await swept.wait()
-        await asyncio.sleep(0)
-    finally:
-        sweeper.cancel()
+    await sweep_until(room, keep_waiting, swept)
     first_sweep = asked[:3]
     assert [sum(len(t) for t in call.values()) for call in first_sweep] == [2, 2, 1]
     assert sorted(t for call in first_sweep for t in call.get(LINE, [])) == [1, 2, 3, 4]

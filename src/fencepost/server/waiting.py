@@ -8,9 +8,8 @@ waiter takes to the store; what used to be a re-check per waiter every second
 (`WaitRoom.sweep_forever`): every SWEEP_S it refreshes, in store operations
 of SWEEP_PORTION places each, the places of the parked waiters whose place is
 running out (not refreshed by a retry for REFRESH_AFTER_S), and every
-SAFETY_WAKE_S it wakes
-the first waiter of each line, the safety net for a lost wake-up (a
-notification that crossed a dropped connection).
+SAFETY_WAKE_S it wakes the first waiter of each line, the safety net for a
+lost wake-up (a notification that crossed a dropped connection).
 
 Locks and pools differ only in how they talk to the store, which each states as
 a `Line`: try, retry with a ticket, leave, hand a grant back, and the error of

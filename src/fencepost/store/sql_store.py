@@ -533,12 +533,13 @@ class _AttachedMoved(Exception):
 
 
 def _absent_as_value(admit: Callable[[], SlotAttempt]) -> SlotAttempt | NotFound:
-    """An acquire of a pool that does not exist answers NotFound as a value,
-    raised once its batch has committed. Raised inside the batch it would roll
-    the batch back and replay every other operation in it one by one
-    (batch.py), so a caller asking for a missing pool again and again would
-    double the store's work for everyone. Nothing has been written when the
-    pool is found missing: its row is what an acquire reads first."""
+    """An acquire of a pool (or with a session) that does not exist answers
+    NotFound as a value, raised once its batch has committed. Raised inside
+    the batch it would roll the batch back and replay every other operation
+    in it one by one (batch.py), so a caller asking for a missing pool again
+    and again would double the store's work for everyone. Nothing has been
+    written when either is found missing: the pool's row, then the session's,
+    are what an acquire reads first."""
     try:
         return admit()
     except NotFound as missing:
