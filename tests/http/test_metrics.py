@@ -256,3 +256,89 @@ def test_an_overdue_keep_lease_is_counted(metered: ServerProcess) -> None:
     wait_until(lambda: value(scrape(srv), "fencepost_leases_overdue") == 1,
                "the keep lease to be overdue", timeout=20.0)
     assert value(scrape(srv), "fencepost_leases_live", kind="lock") == 1
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def metered_on(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ServerProcess]:
+    """A server of the test's own, on each backend."""
+    if request.param == "sqlite":
+        server = ServerProcess(tmp_path / "metered").start()
+        yield server
+        server.stop()
+        return
+    with temporary_database() as url:
+        server = ServerProcess(tmp_path / "metered", store=url).start()
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
+def test_refusals_served_beside_good_renewals_replay_no_batch(metered_on: ServerProcess) -> None:
+    """A refused renewal (wrong token, unknown or capped slot, unknown
+    session) or force release is answered as a value inside its batch: the
+    good renewals it shares batches with are not rolled back and run again."""
+    srv = metered_on
+    member = srv.create_key("member")["key"]
+    with srv.client() as c:
+        held = {unique_name("held"): new_token() for _ in range(4)}
+        for key, token in held.items():
+            assert acquire(c, key, token).status_code == 201
+        pool = unique_name("pool")
+        assert c.put(f"/v1/pools/{pool}", json={"limit": 8}).status_code == 201
+        capped_pool = unique_name("capped")  # one term reaches the request deadline
+        assert c.put(f"/v1/pools/{capped_pool}", json={
+            "limit": 8, "term_ms": 60_000, "request_timeout_ms": 60_000,
+        }).status_code == 201
+        slots = [c.post(f"/v1/pools/{pool}/lock/acquire", json={}).json()["slot_id"]
+                 for _ in range(4)]
+        capped = c.post(f"/v1/pools/{capped_pool}/lock/acquire", json={}).json()["slot_id"]
+    before = scrape(srv)
+    replays = ("fencepost_store_batch_replays_total", frozenset({("mode", "write")}))
+    assert replays in before  # shown at 0, not absent
+
+    def good(c: httpx.Client, i: int) -> list[tuple[int, str | None]]:
+        key = list(held)[i % len(held)]
+        lease = c.patch(f"/v1/locks/{key}/lease", headers=lock_headers(held[key]),
+                        json={"ttl_seconds": 30})
+        slot = c.post(f"/v1/pools/{pool}/lock/{slots[i % len(slots)]}/renew")
+        return [(lease.status_code, None), (slot.status_code, None)]
+
+    def refused(c: httpx.Client, member_c: httpx.Client, i: int) -> list[tuple[int, str | None]]:
+        key = list(held)[i % len(held)]
+        answers = [
+            c.patch(f"/v1/locks/{key}/lease", headers=lock_headers(new_token()),
+                    json={"ttl_seconds": 30}),
+            c.post(f"/v1/pools/{pool}/lock/slot_{'u' * 32}/renew"),
+            c.post(f"/v1/pools/{capped_pool}/lock/{capped}/renew"),
+            c.patch(f"/v1/sessions/ses_{'v' * 32}", json={"ttl_seconds": 30}),
+            member_c.delete(f"/v1/locks/{key}"),
+        ]
+        return [(a.status_code, a.json()["error"]["code"]) for a in answers]
+
+    def worker(n: int, answers: list[tuple[int, str | None]]) -> None:
+        with srv.client() as c, srv.client(member) as member_c:
+            for i in range(12):
+                answers += good(c, i) if (n + i) % 2 else refused(c, member_c, i)
+
+    answered: list[list[tuple[int, str | None]]] = [[] for _ in range(8)]
+    threads = [threading.Thread(target=worker, args=(n, answered[n])) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    after = scrape(srv)
+
+    counts: dict[tuple[int, str | None], int] = {}
+    for answer in (a for answers in answered for a in answers):
+        counts[answer] = counts.get(answer, 0) + 1
+    assert counts == {
+        (200, None): 96,
+        (409, "lease_lost"): 48, (404, "not_found"): 96, (409, "capped"): 48,
+        (403, "forbidden"): 48,
+    }, counts
+    assert delta(before, after, "fencepost_store_batch_size_count", mode="write") > 0
+    assert delta(before, after, "fencepost_store_batch_replays_total", mode="write") == 0
+    with srv.client() as c:  # the good renewals held
+        for key in held:
+            assert c.get(f"/v1/locks/{key}").json()["held"] is True

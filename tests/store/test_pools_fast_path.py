@@ -369,7 +369,9 @@ async def test_a_batch_of_pool_operations_makes_fewer_round_trips_than_statement
     if isinstance(store, SqliteStore):
         pytest.skip("SQLite's statements are calls in this process, not round trips")
     batches: list[int] = []
-    store.watch_batches(lambda writer, size, seconds, failed: writer and batches.append(size))
+    store.watch_batches(
+        lambda writer, size, seconds, failed, replayed: writer and batches.append(size)
+    )
     await store.put_pool(P, "api", PoolConfig(limit=40))
     batches.clear()
     with _wire_trace(store) as lines:

@@ -126,6 +126,13 @@ class Metrics:
         self.batch_failures = Counter(
             "fencepost_store_batch_failures", "Store batches that failed as a whole.",
             ["mode"], registry=r)
+        self.batch_replays = Counter(
+            "fencepost_store_batch_replays",
+            "Store batches rolled back and run again with a savepoint per operation, "
+            "because an operation raised (each does the batch's work twice).",
+            ["mode"], registry=r)
+        for mode in ("write", "read"):
+            self.batch_replays.labels(mode)  # shown at 0: an alert can tell "none" from "absent"
         self.reaper_runs = Counter(
             "fencepost_reaper_runs", "Reaper passes of this process.", registry=r)
         self.reaper_freed = Counter(
@@ -194,8 +201,12 @@ class Metrics:
             self._child(self.sessions, event.action, event.reason or "").inc()
 
     # --- the store's hooks ---------------------------------------------------
-    def observe_batch(self, writes: bool, size: int, seconds: float, failed: bool) -> None:
+    def observe_batch(
+        self, writes: bool, size: int, seconds: float, failed: bool, replayed: bool
+    ) -> None:
         mode = "write" if writes else "read"
+        if replayed:  # counted even when the batch then failed: the work was done twice
+            self.batch_replays.labels(mode).inc()
         if failed:
             self.batch_failures.labels(mode).inc()
             return

@@ -158,9 +158,11 @@ FreedListener = Callable[[Freed], None]
 # Told what the store's committed operations granted and ended (the records of
 # fencepost.events), after the commit, on the event loop.
 EventListener = Callable[[object], None]
-# Told each store batch's size, its seconds from begin to commit, and whether it
-# failed; `writes` says whether it was a write batch. Called on a store thread.
-BatchObserver = Callable[[bool, int, float, bool], None]
+# Told whether a store batch was a write batch (`writes`), its size, its
+# seconds from begin to commit, whether it failed, and whether it was replayed
+# with a savepoint per operation (an operation raised; batch.py). Called on a
+# store thread.
+BatchObserver = Callable[[bool, int, float, bool, bool], None]
 
 
 @dataclass(frozen=True, slots=True)

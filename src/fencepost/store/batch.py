@@ -32,7 +32,19 @@ A batch runs in one of three ways (`BatchWriter._run_in_transaction`):
   statement, then the others;
 - isolated: when an operation raised in either of the above, the batch is
   rolled back and replayed in turn with a savepoint around each operation, so
-  that one refusal undoes only its own writes.
+  that one failure undoes only its own writes. A replay does the batch's work
+  twice, for every caller in it (the observer is told of each).
+
+An ordinary refusal (a renewal of a lease that is gone, an unknown slot, a
+force release by a key that may not) is decided before its operation writes
+anything, so there is nothing of it to undo: the operation returns it as a
+value, `Refused(error)` (`refused_before_writing` around the decision turns
+the error into one), the batch goes on and commits, and the writer raises the
+error to that caller alone after the commit. A step operation's general case
+may return one too, its first statement having changed nothing when it is
+undecided. Only a failure that may follow a write of its own operation is
+raised inside the batch. A refused operation's events are dropped, as a
+replay would drop them.
 
 What the operations of one batch share (the fencing counter, gathered records)
 is a `PerBatch` state of the module that owns it; its `finish` writes what was
@@ -81,6 +93,7 @@ from fencepost.events import current_origin
 _log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 S = TypeVar("S")
 MAX_BATCH = 512
 
@@ -184,17 +197,39 @@ class Undecided(enum.Enum):
 UNDECIDED = Undecided.UNDECIDED
 
 
-@dataclass(slots=True)
-class Step(Generic[T]):
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """An operation's refusal, decided before the operation wrote anything,
+    returned as its result: the batch commits the others' work without a
+    replay, and the writer raises `error` to this operation's caller once it
+    has (see the module docstring). An operation that may have written first
+    raises instead: only the batch's rollback undoes its writes."""
+
+    error: Exception
+
+
+def refused_before_writing(decide: Callable[[], T], *refusals: type[Exception]) -> T | Refused:
+    """What `decide` returns, or any of `refusals` it raises as a Refused.
+    The caller promises that its operation has written nothing yet (a guarded
+    first statement that matched nothing counts as nothing) and that it
+    returns the Refused at once, writing nothing more."""
+    try:
+        return decide()
+    except refusals as refusal:
+        return Refused(refusal)
+
+
+@dataclass(frozen=True, slots=True)
+class Step(Generic[T_co]):
     """A step operation after its first statement was sent (see the module
     docstring): `answer` reads that statement's answer and returns the result,
     or UNDECIDED (having undone anything in memory the first statement took);
     `otherwise` then runs the general case."""
 
-    answer: Callable[[], T | Undecided]
-    otherwise: Callable[[], T]
+    answer: Callable[[], T_co | Undecided]
+    otherwise: Callable[[], T_co]
 
-    def to_the_end(self) -> T:
+    def to_the_end(self) -> T_co:
         """The result, the general case run at once if it is needed."""
         result = self.answer()
         if result is UNDECIDED:
@@ -391,9 +426,10 @@ class BatchWriter:
         self._hold: Callable[[list[Key]], None] | None = None
         self._hold_at_commit = False
         self._generation = 0  # bumped when a connection fails fatally (stale_together)
-        # Told each batch's size, its seconds from begin to commit, and whether it
-        # failed (the metrics); called on the writer threads.
-        self.observer: Callable[[int, float, bool], None] | None = None
+        # Told each batch's size, its seconds from begin to commit, whether it
+        # failed and whether it was replayed isolated (the metrics); called on
+        # the writer threads.
+        self.observer: Callable[[int, float, bool, bool], None] | None = None
 
     def start(self) -> None:
         # Fail here, in the caller, if the database is unreachable.
@@ -428,15 +464,16 @@ class BatchWriter:
         self._hold = hold
         self._hold_at_commit = at_commit
 
-    async def run(self, fn: Callable[[Tx], T], keys: Keys) -> T:
+    async def run(self, fn: Callable[[Tx], T | Refused], keys: Keys) -> T:
         """The result of the plain operation `fn`, which touches `keys` (NO_KEYS
         only for an operation that touches no lock, pool or quota, or claims
-        what it touches), once its batch has committed."""
+        what it touches), once its batch has committed; its Refused's error
+        raised."""
         return cast(T, await self._submit(fn, False, keys))
 
-    async def run_steps(self, fn: Callable[[Tx], Step[T]], keys: Keys) -> T:
+    async def run_steps(self, fn: Callable[[Tx], Step[T | Refused]], keys: Keys) -> T:
         """The result of the step operation `fn`, which touches `keys`, once
-        its batch has committed."""
+        its batch has committed; its Refused's error raised."""
         return cast(T, await self._submit(fn, True, keys))
 
     async def _submit(self, fn: Callable[[Tx], Any], steps: bool, keys: Keys) -> Any:
@@ -486,6 +523,7 @@ class BatchWriter:
     def _run_batch(self, link: _Link, batch: list[_Job[Any]], keys: set[Key]) -> None:
         started = time.perf_counter()
         failed = False
+        replayed = False
         numbers = sorted({key.number for key in keys})
         try:
             conn = self._connection(link)
@@ -495,6 +533,7 @@ class BatchWriter:
             done = self._run_in_transaction(conn, batch, keys, numbers, isolated=False)
             if done is None:
                 self._engine.execute(conn, "ROLLBACK", ())
+                replayed = True
                 done = self._run_in_transaction(conn, batch, keys, numbers, isolated=True)
             assert done is not None
             outcomes, events = done
@@ -519,7 +558,7 @@ class BatchWriter:
             if self._on_failure is not None:
                 self._on_failure(failure.message)
         if self.observer is not None:
-            self.observer(len(batch), time.perf_counter() - started, failed)
+            self.observer(len(batch), time.perf_counter() - started, failed, replayed)
         self._deliver(outcomes, events)
 
     def _run_in_transaction(
@@ -553,8 +592,11 @@ class BatchWriter:
             outcomes = []
             events = []
             for job, result, tx in done:
-                outcomes.append((job, result, None))
-                events.extend(tx.events)
+                if isinstance(result, Refused):
+                    outcomes.append((job, None, result.error))
+                else:
+                    outcomes.append((job, result, None))
+                    events.extend(tx.events)
         try:
             shared.finish(Tx(self._engine, conn, clock(), [], shared))
         except self._engine.errors as exc:
@@ -612,8 +654,8 @@ class BatchWriter:
         self, conn: Any, batch: list[_Job[Any]], clock: Callable[[], int], shared: Batch
     ) -> tuple[list[_Outcome], list[Any]]:
         """Run each operation whole, in batch order, in a savepoint of its own:
-        one that raises has its writes undone and its error delivered, and
-        the others go on."""
+        one that raises or is refused has its writes undone and its error
+        delivered, and the others go on."""
         outcomes: list[_Outcome] = []
         events: list[Any] = []
         for job in batch:
@@ -624,9 +666,12 @@ class BatchWriter:
             except Exception as exc:  # noqa: BLE001 - delivered to the caller
                 if isinstance(exc, self._engine.errors) and self._engine.fatal(exc):
                     raise
+                result = Refused(exc)
+            if isinstance(result, Refused):
+                # A refusal wrote nothing; a raise may have: undone alike.
                 self._engine.execute(conn, "ROLLBACK TO SAVEPOINT op", ())
                 self._engine.execute(conn, "RELEASE SAVEPOINT op", ())
-                outcomes.append((job, None, exc))
+                outcomes.append((job, None, result.error))
             else:
                 self._engine.execute(conn, "RELEASE SAVEPOINT op", ())
                 outcomes.append((job, result, None))

@@ -15,7 +15,7 @@ from fencepost.core.keys import hash_secret, new_secret
 from fencepost.core.leases import AcquireRequest, FenceVerdict, Lease
 from fencepost.core.sessions import Session, SessionEnd
 from fencepost.core.slots import PoolConfig, Slot
-from fencepost.errors import NotFound, StoreUnavailable
+from fencepost.errors import NotFound, SessionLost, StoreUnavailable
 from fencepost.events import SessionChanged
 from fencepost.store.base import (
     SESSION_SHOWN,
@@ -38,7 +38,16 @@ from fencepost.store.base import (
     SlotHolderView,
     SlotReport,
 )
-from fencepost.store.batch import NO_KEYS, BatchWriter, Engine, Key, Keys, Step, Tx
+from fencepost.store.batch import (
+    NO_KEYS,
+    BatchWriter,
+    Engine,
+    Key,
+    Keys,
+    Refused,
+    Tx,
+    refused_before_writing,
+)
 from fencepost.store.health import WriteHealth, probe_writes
 from fencepost.store.sql import (
     census,
@@ -117,7 +126,7 @@ class SqlStore:
         self._last_probe_ms = 0
         self.reap_bound = REAP_BOUND
 
-    def _read(self, fn: Callable[[Tx], T]) -> Awaitable[T]:
+    def _read(self, fn: Callable[[Tx], T | Refused]) -> Awaitable[T]:
         return next(self._next_reader).run(fn, NO_KEYS)  # a read-only snapshot holds nothing
 
     # --- lifecycle (backends extend open/close) ----------------------------
@@ -161,9 +170,13 @@ class SqlStore:
         self._event_listeners.append(listener)
 
     def watch_batches(self, observer: BatchObserver) -> None:
-        self._writer.observer = lambda size, seconds, failed: observer(True, size, seconds, failed)
+        self._writer.observer = lambda size, seconds, failed, replayed: observer(
+            True, size, seconds, failed, replayed
+        )
         for reader in self._readers:
-            reader.observer = lambda size, seconds, failed: observer(False, size, seconds, failed)
+            reader.observer = lambda size, seconds, failed, replayed: observer(
+                False, size, seconds, failed, replayed
+            )
 
     async def census(self) -> Census:
         return await self._read(census.read)
@@ -339,31 +352,31 @@ class SqlStore:
         wanted = pools.Wanted(wait_ms, no_queue)
         if session_id is not None:
             # A plain operation: the pool's existence, then the session, are
-            # read before anything else (an unknown pool is 404 first, SPEC §4.2).
-            def attached(tx: Tx) -> SlotAttempt:
-                pools.require(tx, project, pool)
+            # read before anything else (an unknown pool is 404 first, SPEC §4.2),
+            # so either refusal comes before anything is written.
+            def attached(tx: Tx) -> SlotAttempt | Refused:
+                missing = refused_before_writing(
+                    lambda: pools.require(tx, project, pool), NotFound
+                )
+                if isinstance(missing, Refused):
+                    return missing
                 return _attached_slot(
                     tx, project, key_id, session_id,
                     lambda: pools.acquire(tx, known, project, pool, wanted, place),
                 )
 
-            found = await self._writer.run(
-                lambda tx: _absent_as_value(lambda: attached(tx)),
-                pools.key_of(project, pool) + sessions.key_of(project, session_id),
+            return await self._writer.run(
+                attached, pools.key_of(project, pool) + sessions.key_of(project, session_id)
             )
-        else:
-            found = await self._writer.run_steps(
-                lambda tx: _step_absent_as_value(pools.acquire_step(
-                    tx, known, project, pool, key_id, wanted,
-                    lambda: slot_holders.stamp_holder(
-                        tx, pools.acquire(tx, known, project, pool, wanted, place), key_id
-                    ),
-                )),
-                pools.key_of(project, pool),
-            )
-        if isinstance(found, NotFound):
-            raise found
-        return found
+        return await self._writer.run_steps(
+            lambda tx: pools.acquire_step(
+                tx, known, project, pool, key_id, wanted,
+                lambda: slot_holders.stamp_holder(
+                    tx, pools.acquire(tx, known, project, pool, wanted, place), key_id
+                ),
+            ),
+            pools.key_of(project, pool),
+        )
 
     async def retry_slot_waiter(
         self, project: str, pool: str, ticket: int, alive_ms: int, key_id: str | None = None,
@@ -410,7 +423,7 @@ class SqlStore:
         )
 
     async def _with_attached(
-        self, project: str, key_id: str, session_id: str, fn: Callable[[Tx], T]
+        self, project: str, key_id: str, session_id: str, fn: Callable[[Tx], T | Refused]
     ) -> T:
         """Run `fn`, which moves or ends what is attached to the session, with
         the session's key and the key of every lock and pool attached to it
@@ -424,9 +437,9 @@ class SqlStore:
             )
             declared = set(attached)
 
-            def op(tx: Tx, declared: set[Key] = declared) -> T:
+            def op(tx: Tx, declared: set[Key] = declared) -> T | Refused:
                 if not set(sessions.attached_keys(tx, project, session_id)) <= declared:
-                    raise _AttachedMoved
+                    return Refused(_AttachedMoved())  # read, nothing written: try again
                 return fn(tx)
 
             try:
@@ -439,10 +452,12 @@ class SqlStore:
     async def renew_session(
         self, project: str, key_id: str, session_id: str, ttl_seconds: int
     ) -> Session:
-        def op(tx: Tx) -> Session:
+        def op(tx: Tx) -> Session | Refused:
             # Contract: the session and everything attached move together, so an
             # attached lease never outlives, nor dies before, its session.
             renewed = sessions.renew(tx, project, session_id, key_id, ttl_seconds)
+            if isinstance(renewed, Refused):
+                return renewed
             locks.follow_session(tx, session_id, renewed.expires_ms)
             pools.follow_session(tx, session_id, renewed.expires_ms)
             return renewed
@@ -450,8 +465,11 @@ class SqlStore:
         return await self._with_attached(project, key_id, session_id, op)
 
     async def end_session(self, project: str, key_id: str, session_id: str) -> SessionEnded:
-        def op(tx: Tx) -> SessionEnded:
-            if not sessions.mark_ended(tx, project, session_id, key_id):
+        def op(tx: Tx) -> SessionEnded | Refused:
+            marked = sessions.mark_ended(tx, project, session_id, key_id)
+            if isinstance(marked, Refused):
+                return marked
+            if not marked:
                 return SessionEnded(False, 0, 0)
             leases = locks.end_attached(tx, self._known, session_id)
             slots = pools.end_attached(tx, session_id)
@@ -463,8 +481,13 @@ class SqlStore:
         return await self._with_attached(project, key_id, session_id, op)
 
     async def get_session(self, project: str, key_id: str, session_id: str) -> SessionView:
-        def op(tx: Tx) -> SessionView:
-            session = sessions.load(tx, project, session_id, key_id)
+        def op(tx: Tx) -> SessionView | Refused:
+            # A read: nothing is written, whatever it finds.
+            session = refused_before_writing(
+                lambda: sessions.load(tx, project, session_id, key_id), NotFound
+            )
+            if isinstance(session, Refused):
+                return session
             keys, leases = locks.held_by_session(tx, session_id, SESSION_SHOWN)
             held = pools.held_by_session(tx, session_id, SESSION_SHOWN)
             slots = sessions.count_slots(tx, session_id)
@@ -532,33 +555,24 @@ class _AttachedMoved(Exception):
     and the batch that moves or ends them: read them again."""
 
 
-def _absent_as_value(admit: Callable[[], SlotAttempt]) -> SlotAttempt | NotFound:
-    """An acquire of a pool (or with a session) that does not exist answers
-    NotFound as a value, raised once its batch has committed. Raised inside
-    the batch it would roll the batch back and replay every other operation
-    in it one by one (batch.py), so a caller asking for a missing pool again
-    and again would double the store's work for everyone. Nothing has been
-    written when either is found missing: the pool's row, then the session's,
-    are what an acquire reads first."""
-    try:
-        return admit()
-    except NotFound as missing:
-        return missing
-
-
-def _step_absent_as_value(step: Step[SlotAttempt]) -> Step[SlotAttempt | NotFound]:
-    return Step(step.answer, lambda: _absent_as_value(step.otherwise))
-
-
 def _attached_slot(
     tx: Tx, project: str, key_id: str | None, session_id: str | None,
-    admit: Callable[[], SlotAttempt],
-) -> SlotAttempt:
+    admit: Callable[[], SlotAttempt | Refused],
+) -> SlotAttempt | Refused:
     """Admit (or queue) as `admit` does, recording who took the slot and, with
     a session, attaching it. The session is checked before admission, so a
-    caller whose session has ended neither gets a slot nor joins the line."""
-    session = None if session_id is None else sessions.live(tx, project, session_id, key_id)
+    caller whose session has ended neither gets a slot nor joins the line:
+    an unknown, foreign or ended session is Refused, and every caller reads
+    it before its operation writes anything."""
+    session: Session | None = None
+    if session_id is not None:
+        live = refused_before_writing(
+            lambda: sessions.live(tx, project, session_id, key_id), NotFound, SessionLost
+        )
+        if isinstance(live, Refused):
+            return live
+        session = live
     attempt = slot_holders.stamp_holder(tx, admit(), key_id)
-    if session is None:
+    if session is None or isinstance(attempt, Refused):
         return attempt
     return pools.attach(tx, attempt, session.session_id, session.expires_ms)

@@ -23,7 +23,7 @@ from fencepost.core.leases import (
     OnExpiry,
     SetGranted,
 )
-from fencepost.errors import Forbidden, LeaseExpired, LeaseLost
+from fencepost.errors import Forbidden, LeaseExpired, LeaseLost, NotFound, SessionLost
 from fencepost.events import Granted as LeaseGranted
 from fencepost.store.base import (
     LINE_SHOWN,
@@ -36,7 +36,17 @@ from fencepost.store.base import (
     WaiterView,
     lock_freed,
 )
-from fencepost.store.batch import UNDECIDED, Cursor, Key, Keys, Step, Tx, Undecided
+from fencepost.store.batch import (
+    UNDECIDED,
+    Cursor,
+    Key,
+    Keys,
+    Refused,
+    Step,
+    Tx,
+    Undecided,
+    refused_before_writing,
+)
 from fencepost.store.sql import ended, fencing, sessions
 from fencepost.store.sql.bounded import delete_oldest_claimed
 from fencepost.store.sql.known_leases import KnownLeases
@@ -299,11 +309,13 @@ def acquire_attached(
     key: str,
     request: AcquireRequest,
     place: Place | None,
-) -> AcquireResult:
+) -> AcquireResult | Refused:
     """An acquire with a `session_id` (SPEC §3.10): the session's row, read in
     the same transaction, must be live and the caller's, and gives the lease
     its expiry. A plain operation: the session is read before anything else."""
-    attached = sessions.attach(tx, project, request)
+    attached = _attached(tx, project, request)
+    if isinstance(attached, Refused):
+        return attached
     return _decide_in_line(tx, known, project, key, attached, place)
 
 
@@ -378,23 +390,30 @@ def acquire_set(
     keys: Sequence[str],
     request: AcquireRequest,
     place: Place | None,
-) -> SetAttempt:
+) -> SetAttempt | Refused:
     """All or nothing (SPEC §3.7); refused and `place` given: one ticket, a
     place in every key's line. With a `session_id`, the session is read
     first, as for one key (SPEC §3.10)."""
-    request = _attached(tx, project, request)
+    attached = _attached(tx, project, request)
+    if isinstance(attached, Refused):
+        return attached
+    request = attached
     outcome = _settle(tx, known, project, keys, request, None)
     if isinstance(outcome, SetGranted) or place is None:
         return SetAttempt(outcome)
     return SetAttempt(outcome, join_line(tx, project, keys, request, place))
 
 
-def _attached(tx: Tx, project: str, request: AcquireRequest) -> AcquireRequest:
+def _attached(tx: Tx, project: str, request: AcquireRequest) -> AcquireRequest | Refused:
     """The request with its session's expiry, if it names a session: read on
-    every attempt, since the session may have ended while the caller waited."""
+    every attempt, since the session may have ended while the caller waited.
+    An unknown, foreign or ended session is Refused: every caller reads the
+    session first, so its operation has written nothing yet."""
     if request.session_id is None:
         return request
-    return sessions.attach(tx, project, request)
+    return refused_before_writing(
+        lambda: sessions.attach(tx, project, request), NotFound, SessionLost
+    )
 
 
 def _keep_place(
@@ -424,8 +443,11 @@ def retry_waiter(
     request: AcquireRequest,
     ticket: int,
     place: Place,
-) -> AcquireResult:
-    request = _attached(tx, project, request)
+) -> AcquireResult | Refused:
+    attached = _attached(tx, project, request)
+    if isinstance(attached, Refused):
+        return attached
+    request = attached
     ticket = _keep_place(tx, project, [key], request, ticket, place)
     outcome = _single(_settle(tx, known, project, [key], request, ticket))
     if isinstance(outcome, Granted):
@@ -442,11 +464,14 @@ def retry_set_waiter(
     request: AcquireRequest,
     ticket: int,
     place: Place,
-) -> SetAttempt:
+) -> SetAttempt | Refused:
     """A waiting set is granted when it is at the head of every key's line
     (behind shared waiters only, for a shared set) and every key is free for
     it, all in this one transaction."""
-    request = _attached(tx, project, request)
+    attached = _attached(tx, project, request)
+    if isinstance(attached, Refused):
+        return attached
+    request = attached
     ticket = _keep_place(tx, project, keys, request, ticket, place)
     outcome = _settle(tx, known, project, keys, request, ticket)
     if isinstance(outcome, SetGranted):
@@ -501,9 +526,10 @@ def _judged(leases: list[Lease], lock_token: str, now_ms: int) -> Lease | None:
 
 def renew(
     tx: Tx, known: KnownLeases, project: str, key: str, lock_token: str, ttl_seconds: int
-) -> Step[Lease]:
+) -> Step[Lease | Refused]:
     """A step operation: first a guarded update of the lease this writer last
-    wrote, then, if that was stale, the row decides."""
+    wrote, then, if that was stale, the row decides; a renewal the rules
+    refuse (LeaseLost, LeaseExpired) is Refused."""
     remembered = known.get(project, key, lock_token)
     sent: Cursor | None = None
     guess: Lease | None = None
@@ -521,13 +547,20 @@ def renew(
             return guess
         return UNDECIDED
 
-    def otherwise() -> Lease:
+    def otherwise() -> Lease | Refused:
         current = _judged(load_leases(tx, project, key), lock_token, tx.now_ms)
         reason = None
         if current is None or current.lock_token != lock_token:
             reason = ended.reason(tx, project, key, lock_token)
-        renewed = rules.decide_renew(current, lock_token, ttl_seconds, tx.now_ms, reason)
-        assert current is not None  # decide_renew raised otherwise
+        # Nothing written before the rules decide: the first statement, when
+        # sent, matched no row (else `answer` decided), and the rest read.
+        renewed = refused_before_writing(
+            lambda: rules.decide_renew(current, lock_token, ttl_seconds, tx.now_ms, reason),
+            LeaseLost, LeaseExpired,
+        )
+        if isinstance(renewed, Refused):
+            return renewed
+        assert current is not None  # decide_renew refused otherwise
         _send_expiry(tx, project, current, renewed)
         known.put(project, renewed)
         return renewed
@@ -571,17 +604,17 @@ def _never() -> Any:
 
 def force_release(
     tx: Tx, known: KnownLeases, project: str, key: str, by: ForceReleaser
-) -> ForceReleased:
-    """End every live lease of the lock if `by` may (else raise Forbidden,
-    changing nothing); dead ones on record end as they died (expired, or
-    with their session)."""
+) -> ForceReleased | Refused:
+    """End every live lease of the lock if `by` may (else Refused: Forbidden,
+    decided on what was read, before anything is written); dead ones on
+    record end as they died (expired, or with their session)."""
     leases = load_leases(tx, project, key)
     live = live_of(leases, tx.now_ms)
     if live and not rules.may_force_release_all(live, by.key_id, by.is_admin):
-        raise Forbidden(
+        return Refused(Forbidden(
             "Only an admin or the API key that took every live lease of this lock "
             "may force-release it."
-        )
+        ))
     for lease in leases:
         known.forget(project, lease)
         alive = rules.is_live(lease, tx.now_ms)

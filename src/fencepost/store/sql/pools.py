@@ -31,10 +31,20 @@ from fencepost.core import slots as rules
 from fencepost.core.governor import GovernorState, Hint, Outcome
 from fencepost.core.sessions import attached_expiry_ms
 from fencepost.core.slots import PoolConfig, Slot
-from fencepost.errors import NotFound
+from fencepost.errors import Capped, NotFound
 from fencepost.events import Ended, Granted, PoolChanged
 from fencepost.store.base import PoolStats, PoolView, SlotAttempt, SlotReport, pool_freed
-from fencepost.store.batch import UNDECIDED, Cursor, Key, Keys, Step, Tx, Undecided
+from fencepost.store.batch import (
+    UNDECIDED,
+    Cursor,
+    Key,
+    Keys,
+    Refused,
+    Step,
+    Tx,
+    Undecided,
+    refused_before_writing,
+)
 from fencepost.store.sql.bounded import delete_oldest_claimed
 from fencepost.store.sql.known_leases import Known
 from fencepost.store.sql.replicas import Place
@@ -470,13 +480,18 @@ def require(tx: Tx, project: str, pool: str) -> None:
 
 def acquire(
     tx: Tx, known: KnownPools, project: str, pool: str, wanted: Wanted, place: Place | None
-) -> SlotAttempt:
+) -> SlotAttempt | Refused:
     """The general case of an acquire: read the pool and its counts, then admit,
     refuse, or (with a place, and a wait the pool's configuration allows) join
-    the line."""
+    the line. An unknown pool is Refused (NotFound)."""
     # Contract: counting live slots and inserting the new one happen in one
     # transaction, so no more than `limit` slots are ever live (SPEC §7.5).
-    state, used, queued = load_with_counts(tx, known, project, pool)
+    # The pool is this operation's first read, and its callers wrote nothing
+    # before (the common case's guarded insert inserted nothing).
+    loaded = refused_before_writing(lambda: load_with_counts(tx, known, project, pool), NotFound)
+    if isinstance(loaded, Refused):
+        return loaded
+    state, used, queued = loaded
     wait_ms = wanted.clamped(state.config)
     attempt = replace(_try_admit(tx, known, project, pool, state, used, queued), wait_ms=wait_ms)
     if attempt.slot is not None or place is None or not wait_ms or (
@@ -507,8 +522,8 @@ _LIVE_SLOTS = (
 
 def acquire_step(
     tx: Tx, known: KnownPools, project: str, pool: str, key_id: str | None, wanted: Wanted,
-    otherwise: Callable[[], SlotAttempt],
-) -> Step[SlotAttempt]:
+    otherwise: Callable[[], SlotAttempt | Refused],
+) -> Step[SlotAttempt | Refused]:
     """A step operation (see batch.py): first the common case, a guarded insert
     of the slot the rules admit to the remembered pool (stamped with the
     holder's `key_id`, as slot_holders.py records it), followed by a count of
@@ -563,7 +578,9 @@ def retry_waiter(
     ).rowcount
     if not refreshed:  # dropped as dead (e.g. a stalled loop): rejoin at the back
         ticket = _join_line(tx, project, pool, place)
-    # NotFound once the pool is deleted; raising undoes this operation's writes.
+    # NotFound once the pool is deleted, raised (not Refused): the waiter's
+    # row was written above, and only the batch's rollback undoes it. Rare: a
+    # deleted pool's waiters each come back once, to this answer.
     # The attempt carries the configuration read here, the one a slot admitted
     # now is admitted under (a PUT or PATCH may have changed it since the wait
     # began): the grant reports it.
@@ -637,9 +654,13 @@ _RENEW_BY_TERM = (
 )
 
 
-def renew(tx: Tx, known: KnownPools, project: str, pool: str, slot_id: str) -> Step[Slot]:
+def renew(
+    tx: Tx, known: KnownPools, project: str, pool: str, slot_id: str
+) -> Step[Slot | Refused]:
     """A step operation: first a guarded extension by the remembered pool's
-    term, then, if it did not apply, the pool and the slot decide."""
+    term, then, if it did not apply, the pool and the slot decide; an unknown
+    pool or slot (NotFound) or a slot at its request deadline (Capped) is
+    Refused."""
     remembered = known.get((project, pool))
     sent: Cursor | None = None
     if remembered is not None:
@@ -653,9 +674,16 @@ def renew(tx: Tx, known: KnownPools, project: str, pool: str, slot_id: str) -> S
         row = None if sent is None else sent.fetchone()
         return UNDECIDED if row is None else _slot(row)
 
-    def otherwise() -> Slot:
+    def decide() -> Slot:
         state, slot = _load_with_slot(tx, known, project, pool, slot_id)
-        renewed = rules.renew(slot, state.config, tx.now_ms)
+        return rules.renew(slot, state.config, tx.now_ms)
+
+    def otherwise() -> Slot | Refused:
+        # Nothing written before the pool and the slot decide: the guarded
+        # extension, when sent, matched no row (else `answer` decided).
+        renewed = refused_before_writing(decide, NotFound, Capped)
+        if isinstance(renewed, Refused):
+            return renewed
         tx.execute(
             "UPDATE slots SET lease_deadline_ms = ? WHERE slot_id = ?",
             (renewed.lease_deadline_ms, slot_id),
@@ -667,14 +695,15 @@ def renew(tx: Tx, known: KnownPools, project: str, pool: str, slot_id: str) -> S
 
 def release(
     tx: Tx, known: KnownPools, project: str, pool: str, slot_id: str, report: SlotReport | None
-) -> Step[bool]:
+) -> Step[bool | Refused]:
     """A step operation decided by its first statements in the common case: the
     release is counted (with the report's statistics) if the caller's slot is
     live, then the slot is deleted. What the governor learns from a report is
     written after (`answer`), from the pool as the count returned it; a dead
     slot deleted here is counted as reclaimed there too. Counted once per slot
     (a repeated release finds no slot), so statistics are not inflated by
-    retries."""
+    retries. A slot of another pool or project, or an unknown pool, is
+    Refused (NotFound)."""
     sets, args = _release_counts(report, tx.now_ms)
     now = tx.now_ms
     counted = tx.execute(
@@ -698,7 +727,9 @@ def release(
             # Already past its deadline: it was not held any more, only not yet reaped.
             _count_reclaimed(tx, project, pool, 1)
             return False
-        # The slot was live, so the count applied (unless its pool is gone).
+        # The slot was live, so the count applied (unless its pool is gone: it
+        # cannot be, as deleting a pool deletes its slots with it). Raised, not
+        # Refused: the slot was deleted above, and only a rollback undoes it.
         if report is None:
             if not counted.rowcount:
                 raise NotFound(f"No pool named {pool!r}.")
@@ -711,9 +742,13 @@ def release(
         tx.events.append(Ended("slot", project, pool, "released", held_ms, tx.origin))
         return True
 
-    def otherwise() -> bool:
-        _load_with_slot(tx, known, project, pool, slot_id)  # NotFound unless simply gone
-        return False
+    def otherwise() -> bool | Refused:
+        # Neither first statement wrote: the count's guard and the delete
+        # look for the same slot, and the delete found none. Only reads here.
+        found = refused_before_writing(
+            lambda: _load_with_slot(tx, known, project, pool, slot_id), NotFound
+        )
+        return found if isinstance(found, Refused) else False  # else simply gone
 
     return Step(answer, otherwise)
 

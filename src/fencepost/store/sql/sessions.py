@@ -17,9 +17,9 @@ from typing import Any, NamedTuple
 from fencepost.core import sessions as rules
 from fencepost.core.leases import AcquireRequest
 from fencepost.core.sessions import Session, SessionEnd
-from fencepost.errors import NotFound
+from fencepost.errors import NotFound, SessionExpired, SessionLost
 from fencepost.events import SessionChanged
-from fencepost.store.batch import Key, Keys, Tx
+from fencepost.store.batch import Key, Keys, Refused, Tx, refused_before_writing
 from fencepost.store.sql.bounded import delete_oldest
 from fencepost.store.sql.rows import columns
 
@@ -116,10 +116,20 @@ def live(tx: Tx, project: str, session_id: str, key_id: str | None) -> Session:
     return rules.require_live(load(tx, project, session_id, key_id), tx.now_ms)
 
 
-def renew(tx: Tx, project: str, session_id: str, key_id: str, ttl_seconds: int) -> Session:
+def renew(
+    tx: Tx, project: str, session_id: str, key_id: str, ttl_seconds: int
+) -> Session | Refused:
     """Set the session's expiry outright (SPEC §3.2's rules); the caller then
-    moves the attached leases and slots with it, in the same transaction."""
-    renewed = rules.decide_renew(load(tx, project, session_id, key_id), ttl_seconds, tx.now_ms)
+    moves the attached leases and slots with it, in the same transaction. An
+    unknown or foreign session (NotFound), or one the rules will not renew
+    (SessionLost, SessionExpired), is Refused: the caller writes nothing
+    before, and this reads until the rules decide."""
+    renewed = refused_before_writing(
+        lambda: rules.decide_renew(load(tx, project, session_id, key_id), ttl_seconds, tx.now_ms),
+        NotFound, SessionLost, SessionExpired,
+    )
+    if isinstance(renewed, Refused):
+        return renewed
     # Contract: only a session not yet ended moves (the rules judged it live
     # by this transaction's clock; the batch lock keeps it so until commit).
     tx.execute(
@@ -129,10 +139,14 @@ def renew(tx: Tx, project: str, session_id: str, key_id: str, ttl_seconds: int) 
     return renewed
 
 
-def mark_ended(tx: Tx, project: str, session_id: str, key_id: str) -> bool:
+def mark_ended(tx: Tx, project: str, session_id: str, key_id: str) -> bool | Refused:
     """Record that the holder ended its session; False when it had already
-    ended (deleted, or expired whether or not the reaper has seen it yet)."""
-    session = load(tx, project, session_id, key_id)
+    ended (deleted, or expired whether or not the reaper has seen it yet). An
+    unknown or foreign session is Refused (NotFound): the caller writes
+    nothing before, and this reads it first."""
+    session = refused_before_writing(lambda: load(tx, project, session_id, key_id), NotFound)
+    if isinstance(session, Refused):
+        return session
     if rules.end_of(session, tx.now_ms) is not None:
         return False
     tx.execute(

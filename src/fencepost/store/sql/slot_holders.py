@@ -8,8 +8,9 @@ capability to renew and release the slot.
 
 from __future__ import annotations
 
+from fencepost.errors import NotFound
 from fencepost.store.base import KeyRef, SlotAttempt, SlotHolderView
-from fencepost.store.batch import Tx
+from fencepost.store.batch import Refused, Tx, refused_before_writing
 from fencepost.store.sql import pools
 
 # "slot_" and 8 of the 32 random characters: enough to tell slots apart in a
@@ -21,16 +22,23 @@ def slot_id_prefix(slot_id: str) -> str:
     return slot_id[:SLOT_ID_PREFIX_CHARS]
 
 
-def stamp_holder(tx: Tx, attempt: SlotAttempt, key_id: str | None) -> SlotAttempt:
+def stamp_holder(
+    tx: Tx, attempt: SlotAttempt | Refused, key_id: str | None
+) -> SlotAttempt | Refused:
     """Record which key took the slot the attempt admitted, if it admitted one."""
+    if isinstance(attempt, Refused):
+        return attempt
     if attempt.slot is not None and key_id is not None:
         tx.execute("UPDATE slots SET key_id = ? WHERE slot_id = ?", (key_id, attempt.slot.slot_id))
     return attempt
 
 
-def list_slots(tx: Tx, project: str, pool: str) -> list[SlotHolderView]:
-    """The pool's live slots, oldest first (by the store's clock)."""
-    pools.require(tx, project, pool)
+def list_slots(tx: Tx, project: str, pool: str) -> list[SlotHolderView] | Refused:
+    """The pool's live slots, oldest first (by the store's clock); an unknown
+    pool is Refused (a read writes nothing)."""
+    missing = refused_before_writing(lambda: pools.require(tx, project, pool), NotFound)
+    if isinstance(missing, Refused):
+        return missing
     rows = tx.execute(
         "SELECT s.slot_id, s.key_id, k.name, s.acquired_ms, s.lease_deadline_ms, "
         "s.request_deadline_ms FROM slots s LEFT JOIN api_keys k ON k.id = s.key_id "
