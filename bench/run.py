@@ -1,7 +1,7 @@
 """fencepost benchmark: fencepost (SQLite, PostgreSQL), etcd and Redis side by side.
 
     .venv/bin/python bench/run.py [--seconds 10] [--connections 64]
-                                  [--only sqlite,postgresql,etcd,redis] [--workloads a,b,c,d,e,f]
+                                  [--only sqlite,postgresql,etcd,redis] [--workloads a,b,c,d,e,f,g]
                                   [--workers 1,2,4] [--replicas 1,2,3]
                                   [--results-dir bench/results]
 
@@ -39,8 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=int, default=10, help="per workload (default 10)")
     parser.add_argument("--connections", type=int, default=64)
     parser.add_argument("--only", default="", help="comma-separated: sqlite,postgresql,etcd,redis")
-    parser.add_argument("--workloads", default="a,b,c,d,e,f",
-                        help="comma-separated from a,b,c,d,e,f")
+    parser.add_argument("--workloads", default="a,b,c,d,e,f,g",
+                        help="comma-separated from a,b,c,d,e,f,g")
     parser.add_argument("--warmup", type=int, default=2, help="seconds of uncounted load first")
     parser.add_argument("--rounds", type=int, default=1,
                         help="measure everything N times, report each cell's median round")

@@ -1,5 +1,6 @@
 """The benchmark harness (bench/run.py) must not rot: one second of workload (a)
-against fencepost on SQLite, through the same function the entry point calls.
+against fencepost on SQLite, through the same function the entry point calls,
+and one second of each quick case of the hand-off workload (g).
 
 It needs `wrk` (a C load generator). Without it the test is skipped on a
 developer's machine; under CI=true it installs it (CI runs as root) or fails.
@@ -36,12 +37,20 @@ def _need_wrk() -> None:
 
 
 @pytest.mark.timeout(300)
-def test_one_second_of_acquire_release_against_fencepost_sqlite(tmp_path: Path) -> None:
+def test_one_second_of_acquire_release_against_fencepost_sqlite(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _need_wrk()
+    from fpbench import handoff
+
+    # (g)'s two quick cases: the expiry case waits out a 5 s lease, and the
+    # one under load runs wrk for three seconds.
+    monkeypatch.setattr(handoff, "CASES", ("release", "pool"))
+    monkeypatch.setattr(handoff, "WAITERS", 4)
     printed: list[str] = []
 
     run = run_benchmark(
-        seconds=1, only=["sqlite"], workloads=["a"], warmup=0, python_seconds=0.3,
+        seconds=1, only=["sqlite"], workloads=["a", "g"], warmup=0, python_seconds=0.3,
         results_dir=tmp_path, install=False, say=printed.append,
     )
 
@@ -66,6 +75,17 @@ def test_one_second_of_acquire_release_against_fencepost_sqlite(tmp_path: Path) 
     latest = (tmp_path / "latest.md").read_text()
     assert "| a | fencepost-sqlite |" in latest
     assert any("fencepost-sqlite" in line and "1.00x" in line for line in printed)
+
+    cases = {h["case"]: h for h in run["handoff"]}
+    assert sorted(cases) == ["pool", "release"]
+    for case in cases.values():
+        assert case["status"] == "ok", case["reason"]
+        assert case["samples"] > 0 and case["waiters"] == 4
+        assert 0 <= case["p50_ms"] <= case["p99_ms"] <= case["max_ms"]
+        assert case["within_bound"] is (case["over_100ms"] == 0)
+    assert "| release | fencepost-sqlite | 4 |" in latest
+    assert "| pool | fencepost-sqlite | 4 |" in latest
+    assert sum(t["target"].startswith("(g) fencepost-sqlite") for t in run["targets"]) == 2
 
 
 @pytest.mark.timeout(600)
@@ -116,3 +136,4 @@ def test_one_second_per_worker_count_makes_a_scaling_table(tmp_path: Path) -> No
     latest = (tmp_path / "latest.md").read_text()
     assert "Scaling with `serve --workers N` (this machine has" in latest
     assert "| b | sqlite | 1 |" in latest and "| b | sqlite | 2 |" in latest
+

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from fpbench import (
     background,
+    handoff,
     loadgen,
     machine,
     profile,
@@ -47,7 +48,11 @@ WORKLOADS = {
     "d": "pool slot acquire+release",
     "e": "(a) while 10,000 connections wait parked in the lines of 100 held locks",
     "f": "(a) with 1,000,000 other locks held",
+    "g": "hand-off: a waiter's grant after a release, an expiry, a pool release",
 }
+# Workload (g) measures times between events, not throughput: its cases have a
+# table of their own (fpbench/handoff.py).
+HANDOFF = "g"
 # What workloads (e) and (f) add to the server while (a) runs.
 PARKED_LOCKS, PARKED_WAITERS = 100, 10_000
 HELD_LOCKS = 1_000_000
@@ -167,12 +172,23 @@ def _measure_load(system: System, workload: str, seconds: int, connections: int,
         loader=loader, samples=result.samples)
 
 
+def _alongside(system: System, seconds: int, connections: int, install: bool) -> str:
+    """Workload (a) for `seconds`, as the background of a hand-off case."""
+    result, loader = _load(system, "a", seconds, connections, install)
+    summary = f"(a) alongside: {result.ops_per_s:.0f} ops/s, p99 {result.p99_us / 1000:.1f} ms"
+    if result.unexpected or result.socket_errors:
+        summary += f", {result.unexpected} unexpected, {result.socket_errors} socket errors"
+    return f"{summary} ({loader})"
+
+
 def _run_system(system: System, chosen: list[str], seconds: int, connections: int, warmup: int,
                 python_seconds: float, install: bool, profile_dir: Path | None,
-                say: Callable[[str], None]) -> tuple[list[Row], list[dict[str, Any]]]:
+                say: Callable[[str], None],
+                ) -> tuple[list[Row], list[dict[str, Any]], list[handoff.Handoff]]:
     """Start one system, run every chosen workload and the Python probe, stop it."""
     rows: list[Row] = []
     latencies: list[dict[str, Any]] = []
+    handoffs: list[handoff.Handoff] = []
     say(f"== {system.name}")
     done: set[str] = set()
     try:
@@ -180,7 +196,12 @@ def _run_system(system: System, chosen: list[str], seconds: int, connections: in
                 system.running(Path(tmp)):
             for workload in chosen:
                 why_not = system.supports(workload)
-                if why_not:
+                if workload == HANDOFF:
+                    say(f"   ({workload}) {WORKLOADS[workload]}: {seconds} s per case ...")
+                    handoffs += handoff.measure(
+                        system, seconds,
+                        lambda s: _alongside(system, s, connections, install), say)
+                elif why_not:
                     rows.append(Row(system.name, workload, "n/a", why_not))
                 else:
                     say(f"   ({workload}) {WORKLOADS[workload]}: {seconds} s ...")
@@ -199,11 +220,17 @@ def _run_system(system: System, chosen: list[str], seconds: int, connections: in
                     say(f"   python: {report.latency_line(latencies[-1])}")
     except Skipped as exc:
         say(f"   {exc}")
-        rows += [Row(system.name, w, "skipped", str(exc)) for w in chosen if w not in done]
+        rows += [Row(system.name, w, "skipped", str(exc)) for w in chosen
+                 if w not in done and w != HANDOFF]
+        if HANDOFF in chosen and HANDOFF not in done:
+            handoffs += handoff.not_run(system.name, "skipped", str(exc))
     except Exception as exc:  # noqa: BLE001 - one broken system must not end the run
         say(f"   failed: {exc}")
-        rows += [Row(system.name, w, "failed", str(exc)[:500]) for w in chosen if w not in done]
-    return rows, latencies
+        rows += [Row(system.name, w, "failed", str(exc)[:500]) for w in chosen
+                 if w not in done and w != HANDOFF]
+        if HANDOFF in chosen and HANDOFF not in done:
+            handoffs += handoff.not_run(system.name, "failed", str(exc)[:500])
+    return rows, latencies, handoffs
 
 
 def _median_rows(rounds: list[list[Row]]) -> list[Row]:
@@ -218,6 +245,16 @@ def _median_rows(rounds: list[list[Row]]) -> list[Row]:
         row = ok[(len(ok) - 1) // 2]
         row.round_ops = [round(r.ops_per_s, 1) for r in same if r.status == "ok"]
         picked.append(row)
+    return picked
+
+
+def _median_handoffs(rounds: list[list[handoff.Handoff]]) -> list[handoff.Handoff]:
+    """Per system and case, the round with the median p99 (ok rounds only)."""
+    picked: list[handoff.Handoff] = []
+    for index, first in enumerate(rounds[0] if rounds else []):
+        same = [r[index] for r in rounds if index < len(r)]
+        ok = sorted((h for h in same if h.status == "ok"), key=lambda h: h.p99_ms)
+        picked.append(ok[(len(ok) - 1) // 2] if ok else first)
     return picked
 
 
@@ -274,6 +311,7 @@ def run_benchmark(
     say(f"other processes are using {described['background_cpu_pct']} % of this machine's CPU")
     row_rounds: list[list[Row]] = []
     latency_rounds: list[list[dict[str, Any]]] = []
+    handoff_rounds: list[list[handoff.Handoff]] = []
     versions: dict[str, str] = {}
     notes: dict[str, list[str]] = {}
     for round_no in range(1, rounds + 1):
@@ -281,16 +319,21 @@ def run_benchmark(
             say(f"##### round {round_no} of {rounds}")
         rows: list[Row] = []
         latencies: list[dict[str, Any]] = []
+        handoffs: list[handoff.Handoff] = []
         for system in make_systems(names, pg_admin_url, install, workers):
             if wrk_missing and system.protocol == "http":
                 rows += [Row(system.name, w, "skipped", "wrk not installed (apt-get install wrk)")
-                         for w in chosen]
+                         for w in chosen if w != HANDOFF]
+                if HANDOFF in chosen:
+                    handoffs += handoff.not_run(system.name, "skipped",
+                                                "wrk not installed (apt-get install wrk)")
                 continue
-            got_rows, got_latencies = _run_system(
+            got_rows, got_latencies, got_handoffs = _run_system(
                 system, chosen, seconds, connections, warmup, python_seconds, install,
                 profile_dir if round_no == 1 else None, say)
             rows += got_rows
             latencies += got_latencies
+            handoffs += got_handoffs
             if system.version and system.version not in versions.get(system.name, ""):
                 # The tree may be committed to between rounds: keep every version seen.
                 seen = versions.get(system.name)
@@ -299,7 +342,9 @@ def run_benchmark(
             notes[system.name] = list(system.notes)
         row_rounds.append(rows)
         latency_rounds.append(latencies)
+        handoff_rounds.append(handoffs)
     rows = _median_rows(row_rounds)
+    handoffs = _median_handoffs(handoff_rounds)
     scaled: list[dict[str, Any]] = []
     if replicas and not wrk_missing:
         with tempfile.TemporaryDirectory(prefix="fpbench-replicas-") as tmp:
@@ -316,8 +361,9 @@ def run_benchmark(
         "baseline": BASELINE, "machine": info, "notes": notes,
         "results": [{**asdict(r), "grant_share": r.grant_share} for r in rows],
         "python_latency": _median_latencies(latency_rounds),
-        "targets": report.targets(rows),
+        "targets": report.targets(rows) + report.handoff_targets(handoffs),
         "scaling": scaled,
+        "handoff": [{**asdict(h), "within_bound": h.within_bound} for h in handoffs],
     }
     files = report.write(run, Path(results_dir or DEFAULT_RESULTS_DIR), started)
     run["files"] = [str(f) for f in files]
