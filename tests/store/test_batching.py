@@ -5,6 +5,7 @@ a batch; remembered leases that another replica changed. Every backend."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -13,9 +14,12 @@ from fencepost.core.slots import PoolConfig
 from fencepost.errors import LeaseExpired, LeaseLost, StoreUnavailable
 from fencepost.store.base import Freed, lock_freed
 from fencepost.store.batch import NO_KEYS, Tx
+from fencepost.store.sql import ended
+from fencepost.store.sqlite import SqliteStore
 
 from .conftest import reopen
 from .store_support import ADMIN, P, grant, hear, token
+from .wire_trace import count_round_trips, wire_trace
 
 
 async def test_fencing_tokens_never_repeat_across_batches(store):
@@ -272,3 +276,60 @@ async def test_one_holder_when_acquires_releases_and_renewals_share_batches(stor
             assert view.lease == winners[0]
         else:
             assert view.lease is None
+
+
+async def test_a_batch_of_releases_writes_its_reasons_with_the_commit(store):
+    """On PostgreSQL the reasons a batch's releases gathered go out with the
+    batch's commit, in one round trip: a batch makes three (begin, its
+    operations' pipeline, the reasons and the commit) however many leases it
+    ended. Every backend: the reasons are on record afterwards."""
+    if isinstance(store, SqliteStore):
+        pytest.skip("SQLite's statements are calls in this process, not round trips")
+    tokens = [token() for _ in range(25)]
+    await asyncio.gather(*(grant(store, f"rel-{i}", tok) for i, tok in enumerate(tokens)))
+    batches: list[int] = []
+    store.watch_batches(lambda writer, size, seconds, failed, replayed: writer and batches.append(size))
+    with wire_trace(store) as lines:
+        released = await asyncio.gather(
+            *(store.release_lock(P, f"rel-{i}", tok) for i, tok in enumerate(tokens))
+        )
+    assert released == [True] * 25 and sum(batches) == 25
+    statements, round_trips = count_round_trips(lines)
+    assert statements >= 25 + 3 * len(batches)  # a release each, and the reasons were sent
+    assert round_trips <= 3 * len(batches)
+    for i, tok in enumerate(tokens):
+        with pytest.raises(LeaseLost) as lost:
+            await store.renew_lock(P, f"rel-{i}", tok, 30)
+        assert lost.value.reason == "released"
+
+
+async def test_a_gathered_write_that_fails_replays_the_batch(store, monkeypatch):
+    """A gathered write that fails (here once, as a bad statement would) takes
+    the commit sent behind it down too: nothing of the batch is committed, the
+    batch is replayed with a savepoint per operation, and every caller gets
+    its answer. On PostgreSQL the write, the notification and the commit are
+    in one pipeline, where the database skips what follows a failure."""
+    tokens = [token() for _ in range(12)]
+    await asyncio.gather(*(grant(store, f"fail-{i}", tok) for i, tok in enumerate(tokens)))
+    gathered = ended._GATHERED
+    failures: list[str] = []
+    write = gathered.finish
+
+    def fail_once(tx: Any, pending: Any) -> None:
+        if not failures:
+            failures.append("failed")
+            tx.execute("SELECT 1 / 0")  # refused by the database, not fatal
+        write(tx, pending)
+
+    monkeypatch.setattr(gathered, "finish", fail_once)
+    released = await asyncio.gather(
+        *(store.release_lock(P, f"fail-{i}", tok) for i, tok in enumerate(tokens))
+    )
+    assert failures == ["failed"] and released == [True] * 12
+    for i, tok in enumerate(tokens):
+        assert (await store.get_lock(P, f"fail-{i}")).lease is None
+        with pytest.raises(LeaseLost) as lost:
+            await store.renew_lock(P, f"fail-{i}", tok, 30)
+        assert lost.value.reason == "released"
+    # and the writer goes on
+    assert (await grant(store, "after")).fencing_token > 0

@@ -8,13 +8,10 @@ test counts PostgreSQL's round trips on the wire."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import sqlite3
-import tempfile
 import threading
 from dataclasses import replace
-from typing import Any, Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -35,6 +32,7 @@ from fencepost.store.sqlite import SqliteStore
 
 from .conftest import reopen
 from .store_support import P
+from .wire_trace import count_round_trips, wire_trace
 
 
 class WriterStatements:
@@ -313,58 +311,6 @@ async def test_reports_are_counted_and_learned_from_on_the_short_path(store, clo
 # --- PostgreSQL: round trips ------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _wire_trace(store: Any) -> Iterator[list[str]]:
-    """libpq's trace of the messages on every writer connection that begins a
-    batch meanwhile: the lines of all of them, once the block ends."""
-    engine = store._writer._engine
-    inner = engine.begin
-    traced: dict[int, tuple[Any, str]] = {}
-    lines: list[str] = []
-
-    def begin(conn: Any, exclusive: bool, keys: list[int]) -> Any:
-        if exclusive and id(conn) not in traced:
-            fd, path = tempfile.mkstemp(prefix="fencepost-trace-")
-            conn.pgconn.trace(fd)
-            conn.pgconn.set_trace_flags(_trace_flags())
-            traced[id(conn)] = (conn, path)
-        return inner(conn, exclusive, keys)
-
-    engine.begin = begin
-    try:
-        yield lines
-    finally:
-        engine.begin = inner
-        for conn, path in traced.values():
-            conn.pgconn.untrace()
-            with open(path) as trace:
-                lines.extend(trace.read().splitlines())
-            os.unlink(path)
-
-
-def _trace_flags() -> Any:
-    from psycopg import pq
-
-    return pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE
-
-
-def _count(lines: list[str]) -> tuple[int, int]:
-    """Statements sent (an Execute, or a simple Query, which may hold several:
-    counted as one) and round trips (each time the client turned from sending
-    to reading) in a trace."""
-    statements = round_trips = 0
-    sending = False
-    for line in lines:
-        direction, _, message = line.split("\t")[:3]
-        if direction == "F":
-            statements += message in ("Execute", "Query")
-            sending = True
-        elif sending:
-            round_trips += 1
-            sending = False
-    return statements, round_trips
-
-
 async def test_a_batch_of_pool_operations_makes_fewer_round_trips_than_statements(store):
     if isinstance(store, SqliteStore):
         pytest.skip("SQLite's statements are calls in this process, not round trips")
@@ -374,14 +320,14 @@ async def test_a_batch_of_pool_operations_makes_fewer_round_trips_than_statement
     )
     await store.put_pool(P, "api", PoolConfig(limit=40))
     batches.clear()
-    with _wire_trace(store) as lines:
+    with wire_trace(store) as lines:
         acquired = await asyncio.gather(*(_acquire(store, key_id="key_a") for _ in range(20)))
         assert sorted(a.in_use for a in acquired) == list(range(1, 21))
         released = await asyncio.gather(
             *(store.release_slot(P, "api", a.slot.slot_id, None) for a in acquired)
         )
         assert released == [True] * 20
-    statements, round_trips = _count(lines)
+    statements, round_trips = count_round_trips(lines)
     # each batch: BEGIN (with the pool's lock and the clock), the pipeline of
     # every operation's statements, COMMIT (with its notification)
     assert sum(batches) == 40

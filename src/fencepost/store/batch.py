@@ -537,7 +537,6 @@ class BatchWriter:
                 done = self._run_in_transaction(conn, batch, keys, numbers, isolated=True)
             assert done is not None
             outcomes, events = done
-            self._engine.commit(conn, events if self._exclusive else [])
         except Exception as exc:  # noqa: BLE001 - the writer thread must survive anything
             # Nothing of this batch is durable: fail every caller in it.
             if not isinstance(exc, (StoreUnavailable, *self._engine.errors)):
@@ -570,8 +569,8 @@ class BatchWriter:
         isolated: bool,
     ) -> tuple[list[_Outcome], list[Any]] | None:
         """Begin the batch transaction, holding `keys` (their `numbers`,
-        sorted), and run the batch's operations in it, up to (not including)
-        the commit. Unless `isolated`, give up (None, the transaction to be
+        sorted), run the batch's operations in it, write what they gathered
+        and commit. Unless `isolated`, give up (None, the transaction to be
         rolled back) at the first operation that raises."""
         clock = self._engine.begin(conn, self._exclusive, numbers)
         if self._hold is not None and not self._hold_at_commit:
@@ -597,15 +596,30 @@ class BatchWriter:
                 else:
                     outcomes.append((job, result, None))
                     events.extend(tx.events)
+        if self._hold is not None and self._hold_at_commit:
+            self._hold(sorted(keys))
         try:
-            shared.finish(Tx(self._engine, conn, clock(), [], shared))
+            self._finish_and_commit(conn, shared, Tx(self._engine, conn, clock(), [], shared),
+                                    events if self._exclusive else [])
         except self._engine.errors as exc:
             if isolated or self._engine.fatal(exc):
                 raise
             return None  # the replay writes as it goes, in each operation's savepoint
-        if self._hold is not None and self._hold_at_commit:
-            self._hold(sorted(keys))
         return outcomes, events
+
+    def _finish_and_commit(self, conn: Any, shared: Batch, tx: Tx, events: list[Any]) -> None:
+        """Write what the batch gathered, then commit, announcing `events`.
+        Where statements pipeline, the gathered writes, the announcement and
+        the commit go out together, one round trip: a gathered write that
+        fails makes the database skip the commit behind it, so the batch is
+        rolled back and replayed as when the write fails alone."""
+        if not self._engine.pipelines:
+            shared.finish(tx)
+            self._engine.commit(conn, events)
+            return
+        with self._engine.pipeline(conn):
+            shared.finish(tx)
+            self._engine.commit(conn, events)
 
     def _in_turn(
         self, conn: Any, batch: list[_Job[Any]], clock: Callable[[], int], shared: Batch

@@ -65,6 +65,7 @@ _READ_ONLY_TRANSACTION = "25006"
 _CLOCK = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 _BEGIN_READ = f"BEGIN READ ONLY; {_CLOCK}"
 _BEGIN_UNKEYED = f"BEGIN; {_CLOCK}"
+_NOTIFY_EACH = "SELECT pg_notify(%s, payload) FROM json_array_elements_text(%s::json) AS payload"
 
 
 def _begin_write(keys: list[int]) -> str:
@@ -198,6 +199,13 @@ class PostgresEngine:
     def commit(self, conn: _Connection, events: list[Any]) -> None:
         # Only wake-ups cross replicas; grants and ends are this process's to report.
         payloads = sorted({_encode(event) for event in events if isinstance(event, Freed)})
+        if conn.pipe is not None:
+            # In a pipeline (behind the batch's gathered writes; batch.py):
+            # one statement per message, the answers read at its end.
+            if payloads:
+                conn.execute(_NOTIFY_EACH, (CHANNEL, json.dumps(payloads)))
+            conn.execute("COMMIT")
+            return
         if not payloads:
             conn.statements.execute("COMMIT")
             return
