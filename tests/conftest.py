@@ -47,6 +47,19 @@ def wake_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc
     proc.stop()
 
 
+@pytest.fixture(scope="session")
+def reaperless_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A server whose reaper and safety wake are pushed out of reach (test
+    hooks): an expired lease frees its lock for a waiter only through the
+    waiter's own re-check at the expiry."""
+    proc = ServerProcess(
+        tmp_path_factory.mktemp("reaperless-server"),
+        extra_env={**WAKE_UPS_ONLY, "FENCEPOST_REAP_S": "3600"},
+    ).start()
+    yield proc
+    proc.stop()
+
+
 @pytest.fixture
 def fresh_server(tmp_path: Path) -> Iterator[ServerProcess]:
     """A server of the test's own, for tests that crash, restart or stop it."""

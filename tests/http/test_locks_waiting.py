@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from lock_support import acquire, release
+from lock_support import acquire, release, renew
 from support import (
     ServerProcess,
     assert_error,
@@ -379,6 +379,32 @@ def test_expiry_wakes_a_waiter_but_not_before_expires_at(wake_server: ServerProc
     assert parse_at(resp.json()["acquired_at"]) >= parse_at(holder.json()["expires_at"])
     # ... and woken by the expiry itself, not at the end of its own 15 s wait.
     assert waited_ms(wake_server, w.request_id) < 15_000
+    assert resp.json()["fencing_token"] > holder.json()["fencing_token"]
+
+
+def test_the_first_waiter_is_granted_at_the_expiry_not_at_the_next_reap(
+    reaperless_server: ServerProcess,
+) -> None:
+    """An expired lease frees its lock at its expiry, with no event (SPEC
+    §3.1: a waiter is granted within 100 ms of expiry): the line's first
+    waiter re-checks then. The holder's renewal moves the expiry, and the
+    waiter follows it. This server neither reaps nor wakes for safety: the
+    waiter's own re-check is the only way in before its 30 s run out."""
+    server = reaperless_server
+    key, token = unique_name("expires"), new_token()
+    with server.client() as member:
+        holder = acquire(member, key, token, ttl=5)
+        assert holder.status_code == 201
+        w = start_waiter(server, server.admin_key, key, "w", wait_seconds=30)
+        assert wait_for(lambda: waiters(member, key) == 1)
+        wait_parked(server, 1)
+        renewed = renew(member, key, token, 5)
+        assert renewed.status_code == 200, renewed.text
+    resp = w.join(timeout=40)
+    assert resp.status_code == 201, resp.text
+    assert waited_ms(server, w.request_id) < 30_000  # re-checked at the expiry
+    # Never before the renewed lease's end (mutual exclusion), and a new token.
+    assert parse_at(resp.json()["acquired_at"]) >= parse_at(renewed.json()["expires_at"])
     assert resp.json()["fencing_token"] > holder.json()["fencing_token"]
 
 

@@ -211,3 +211,30 @@ async def test_the_sweep_refreshes_many_places_in_portions(monkeypatch) -> None:
     assert [t for call in first_sweep for t in call.get(LOCK, [])] == [4]
     assert all(p.refreshed > 0 for p in singles)
     assert both.refreshed == 0
+
+
+def test_an_expiry_timer_wakes_the_first_waiter_and_the_latest_timer_counts() -> None:
+    async def scenario() -> None:
+        room = WaitRoom()
+        first, second = room.park((LOCK,), 1), room.park((LOCK,), 2)
+        room.wake_first_at((LOCK,), 3600)  # an expiry the holder then moved ...
+        room.wake_first_at((LOCK,), 0.01)  # ... to sooner: this timer replaces it
+        await asyncio.sleep(0.1)  # an event loop's timer, not a wall-clock bound
+        assert first.wake.is_set() and not second.wake.is_set()
+        assert not room._expiry_timers  # fired and forgotten
+
+    asyncio.run(scenario())
+
+
+def test_an_expiry_timer_of_a_line_nobody_waits_in_is_cancelled() -> None:
+    async def scenario() -> None:
+        room = WaitRoom()
+        waiter = room.park((LOCK,), 1)
+        room.wake_first_at((LOCK,), 3600)
+        timer = room._expiry_timers[LOCK]
+        room.unpark((LOCK,), waiter)
+        assert timer.cancelled() and not room._expiry_timers
+        room.wake_first_at((LOCK,), 0.01)  # no line: no timer
+        assert not room._expiry_timers
+
+    asyncio.run(scenario())

@@ -146,6 +146,14 @@ class Busy:
             return max(self.delay_until_ms - self.now_ms, 0)
         return None
 
+    @property
+    def frees_in_ms(self) -> int | None:
+        """How long until the lease in the way dies unless it is renewed (its
+        expiry; a `keep` lease's deadline), if one is in the way."""
+        if self.holder is None or self.delay_until_ms is not None:
+            return None
+        return max(end_of_life_ms(self.holder) - self.now_ms, 0)
+
 
 def is_live(lease: Lease, now_ms: int) -> bool:
     """A `release` lease dies at expires_at; a `keep` lease only at its deadline."""

@@ -11,6 +11,14 @@ running out (not refreshed by a retry for REFRESH_AFTER_S), and every
 SAFETY_WAKE_S it wakes the first waiter of each line, the safety net for a
 lost wake-up (a notification that crossed a dropped connection).
 
+A lease that expires frees its lock with no event at that instant (the
+reaper notices it within REAP_INTERVAL_S): so the first waiter of each line
+also re-checks when the lease in its way expires (`WaitRoom.wake_first_at`,
+one timer per line and process), and is granted then, not at the next reap
+(SPEC §3.1: within 100 ms of expiry). A renewal moves the expiry: that
+re-check finds the lease renewed and sets the timer to the new expiry, one
+store operation per line per lease term.
+
 Locks and pools differ only in how they talk to the store, which each states as
 a `Line`: try, retry with a ticket, leave, hand a grant back, and the error of
 a wait that ran out. `wait_for_grant` does the rest for both.
@@ -32,11 +40,12 @@ from fencepost.store.batch import test_hooks_enabled
 _log = logging.getLogger(__name__)
 
 
-def _period(name: str, default: float) -> float:
+def hook_period(name: str, default: float) -> float:
     """`default`, or with the test hooks on (FENCEPOST_TEST_HOOKS=1) the
-    seconds in FENCEPOST_<name>. Tests push the safety wake far out so that a
-    lost wake-up shows as a waiter that waits its whole wait, however loaded
-    the machine, instead of as a grant that came a few seconds late."""
+    seconds in FENCEPOST_<name>. Tests push the safety wake (and the reaper)
+    far out so that a lost wake-up shows as a waiter that waits its whole
+    wait, however loaded the machine, instead of as a grant that came a few
+    seconds late."""
     value = os.environ.get(f"FENCEPOST_{name}")
     if value is None or not test_hooks_enabled():
         return default
@@ -53,10 +62,14 @@ WAITER_ALIVE_MS = 10_000
 # retry or sweep refreshed for REFRESH_AFTER_S (so each is written about once
 # every REFRESH_AFTER_S, and always with more than WAITER_ALIVE_MS -
 # REFRESH_AFTER_S - SWEEP_S = 2.5 s left).
-SWEEP_S = _period("SWEEP_S", 2.5)
+SWEEP_S = hook_period("SWEEP_S", 2.5)
 REFRESH_AFTER_S = 5.0
 # How often the first waiter of each line re-checks without a wake-up.
-SAFETY_WAKE_S = _period("SAFETY_WAKE_S", 5.0)
+SAFETY_WAKE_S = hook_period("SAFETY_WAKE_S", 5.0)
+# A line's expiry re-check runs this long after the lease's expiry as this
+# process reckons it, so that the store, judging by its own clock, finds
+# the lease dead (a re-check that still finds it live sets the timer again).
+EXPIRY_MARGIN_S = 0.002
 # Places refreshed per store operation. Waiters that parked together fall due
 # together; 10,000 of them in one operation held SQLite's writer for 56 ms
 # (measured), and every request behind it waited that long (workload (e)'s
@@ -84,6 +97,9 @@ class Outcome(Generic[T]):
     ticket: int | None = None
     refusal: FencepostError | None = None  # what to answer if the wait ends now
     recheck_s: float | None = None  # when the refusal is known to end, if it is
+    # When the lease in the way dies unless it is renewed (its expiry), if
+    # one is in the way: the line's first waiter re-checks then.
+    frees_in_s: float | None = None
     # The wait a first try settled on, when the store decides it (a pool clamps
     # the wait asked for to its configuration in the transaction that admits).
     wait_s: float | None = None
@@ -129,6 +145,9 @@ class WaitRoom:
 
     def __init__(self) -> None:
         self._lines: dict[Place, list[_Parked]] = {}
+        # Per line: when its first waiter re-checks for an expiry (see the
+        # module docstring), set by the latest refusal, which knows best.
+        self._expiry_timers: dict[Place, asyncio.TimerHandle] = {}
         self.closing = asyncio.Event()
 
     def on_freed(self, event: Freed) -> None:
@@ -170,6 +189,9 @@ class WaitRoom:
                 waiting.remove(parked)
             if not waiting:
                 del self._lines[place]
+                timer = self._expiry_timers.pop(place, None)
+                if timer is not None:
+                    timer.cancel()
         if parked.wake.is_set() and not self.closing.is_set():
             parked.wake.clear()
             for kind, project, name in places:
@@ -178,6 +200,29 @@ class WaitRoom:
     def shut(self) -> None:
         """Answer every parked request now (the server is stopping)."""
         self.closing.set()
+        for timer in self._expiry_timers.values():
+            timer.cancel()
+        self._expiry_timers.clear()
+
+    def wake_first_at(self, places: tuple[Place, ...], delay_s: float) -> None:
+        """Wake the first waiter of each of `places` (not one already woken)
+        in `delay_s`, when the lease in the way will have expired unless it
+        was renewed; this replaces the line's earlier timer."""
+        loop = asyncio.get_running_loop()
+        for place in places:
+            if place not in self._lines:
+                continue
+            timer = self._expiry_timers.pop(place, None)
+            if timer is not None:
+                timer.cancel()
+            self._expiry_timers[place] = loop.call_later(
+                delay_s + EXPIRY_MARGIN_S, self._expired, place
+            )
+
+    def _expired(self, place: Place) -> None:
+        self._expiry_timers.pop(place, None)
+        kind, project, name = place
+        self.on_freed(Freed(kind, project, name))
 
     def running_out(self, now: float) -> dict[Place, list[_Parked]]:
         """The parked waiters whose places no retry refreshed lately, by line."""
@@ -305,6 +350,8 @@ async def _wait(
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise line.timed_out(outcome)
+            if outcome.frees_in_s is not None and outcome.frees_in_s < remaining:
+                room.wake_first_at(places, outcome.frees_in_s)
             # Woken by the store's events (and the sweep's safety wake), or
             # when a refusal is known to end (a lock delay, a pool's pacing).
             pause = min(remaining, outcome.recheck_s or remaining)

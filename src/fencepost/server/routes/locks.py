@@ -249,7 +249,11 @@ def _outcome(outcome: G | Busy, ticket: int | None) -> Outcome[G]:
     # the wake-up the reaper sends when it clears the delay.
     ends_in_ms = outcome.ends_in_ms
     recheck_s = None if ends_in_ms is None else max(ends_in_ms / 1000, 0.005)
-    return Outcome(None, ticket, outcome.to_error(), recheck_s)
+    # A lease in the way that expires frees the lock at that instant: the
+    # line's first waiter re-checks then (waiting.py), not at the next reap.
+    frees_in_ms = outcome.frees_in_ms
+    frees_in_s = None if frees_in_ms is None else max(frees_in_ms / 1000, 0.005)
+    return Outcome(None, ticket, outcome.to_error(), recheck_s, frees_in_s=frees_in_s)
 
 
 async def renew(call: Call[schemas.RenewLockBody]) -> Response:
