@@ -288,7 +288,8 @@ async def test_a_batch_of_releases_writes_its_reasons_with_the_commit(store):
     tokens = [token() for _ in range(25)]
     await asyncio.gather(*(grant(store, f"rel-{i}", tok) for i, tok in enumerate(tokens)))
     batches: list[int] = []
-    store.watch_batches(lambda writer, size, seconds, failed, replayed: writer and batches.append(size))
+    store.watch_batches(
+        lambda writer, size, seconds, failed, replayed: writer and batches.append(size))
     with wire_trace(store) as lines:
         released = await asyncio.gather(
             *(store.release_lock(P, f"rel-{i}", tok) for i, tok in enumerate(tokens))
@@ -333,3 +334,16 @@ async def test_a_gathered_write_that_fails_replays_the_batch(store, monkeypatch)
         assert lost.value.reason == "released"
     # and the writer goes on
     assert (await grant(store, "after")).fencing_token > 0
+
+
+async def test_a_batch_observer_that_raises_does_not_stop_the_writer(store):
+    """The observer is the metrics' hook; should it ever raise, the writer
+    thread goes on and every caller still gets its answer (before, the thread
+    ended and every later request waited forever)."""
+    def broken(*_: Any) -> None:
+        raise TypeError("an observer with the wrong signature")
+
+    store.watch_batches(broken)
+    first = await grant(store, "observed-1")
+    second = await grant(store, "observed-2")
+    assert second.fencing_token > first.fencing_token

@@ -557,7 +557,12 @@ class BatchWriter:
             if self._on_failure is not None:
                 self._on_failure(failure.message)
         if self.observer is not None:
-            self.observer(len(batch), time.perf_counter() - started, failed, replayed)
+            try:
+                self.observer(len(batch), time.perf_counter() - started, failed, replayed)
+            except Exception:  # noqa: BLE001 - the writer thread must survive anything
+                # An observer that raised would otherwise end the writer
+                # thread, and every request after it would wait forever.
+                _log.exception("a store batch observer failed")
         self._deliver(outcomes, events)
 
     def _run_in_transaction(
