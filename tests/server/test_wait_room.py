@@ -148,7 +148,7 @@ class _GatedLine:
         answer: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
         await self.retries.put((ticket, answer))
         granted = await answer
-        return waiting.Outcome(granted, None if granted else ticket)
+        return waiting.Outcome(granted, ticket=None if granted else ticket)
 
     async def leave(self, ticket: int) -> None:
         pass

@@ -30,7 +30,7 @@ import asyncio
 import bisect
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Awaitable, Callable, Generic, Protocol, TypeVar
 
 from fencepost.errors import FencepostError, ShuttingDown
@@ -94,15 +94,17 @@ class Outcome(Generic[T]):
     place in line."""
 
     granted: T | None
+    # Keyword-only: several are optional seconds, easy to pass in the wrong place.
+    _: KW_ONLY
     ticket: int | None = None
     refusal: FencepostError | None = None  # what to answer if the wait ends now
     recheck_s: float | None = None  # when the refusal is known to end, if it is
-    # When the lease in the way dies unless it is renewed (its expiry), if
-    # one is in the way: the line's first waiter re-checks then.
-    frees_in_s: float | None = None
     # The wait a first try settled on, when the store decides it (a pool clamps
     # the wait asked for to its configuration in the transaction that admits).
     wait_s: float | None = None
+    # When the lease in the way dies unless it is renewed (its expiry), if
+    # one is in the way: the line's first waiter re-checks then.
+    frees_in_s: float | None = None
 
 
 class Line(Protocol[T]):

@@ -253,7 +253,8 @@ def _outcome(outcome: G | Busy, ticket: int | None) -> Outcome[G]:
     # line's first waiter re-checks then (waiting.py), not at the next reap.
     frees_in_ms = outcome.frees_in_ms
     frees_in_s = None if frees_in_ms is None else max(frees_in_ms / 1000, 0.005)
-    return Outcome(None, ticket, outcome.to_error(), recheck_s, frees_in_s=frees_in_s)
+    return Outcome(None, ticket=ticket, refusal=outcome.to_error(), recheck_s=recheck_s,
+                   frees_in_s=frees_in_s)
 
 
 async def renew(call: Call[schemas.RenewLockBody]) -> Response:

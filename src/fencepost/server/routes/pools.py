@@ -183,7 +183,8 @@ def _outcome(result: SlotAttempt, wait_s: float | None = None) -> Outcome[SlotAt
     # Re-check when the refusal is known to end (a probe of a pause, the next
     # paced turn, a slot's hard cap), without waiting for a wake-up.
     recheck = None if result.retry_after_ms is None else result.retry_after_ms / 1000
-    return Outcome(None, result.ticket, _too_many(result), recheck, wait_s)
+    return Outcome(None, ticket=result.ticket, refusal=_too_many(result), recheck_s=recheck,
+                   wait_s=wait_s)
 
 
 async def acquire(call: Call[schemas.AcquireSlotBody | None]) -> Response:
