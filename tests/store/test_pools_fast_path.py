@@ -32,7 +32,7 @@ from fencepost.store.sqlite import SqliteStore
 
 from .conftest import reopen
 from .store_support import P
-from .wire_trace import count_round_trips, wire_trace
+from .wire_trace import count_round_trips, summary, wire_trace
 
 
 class WriterStatements:
@@ -332,7 +332,7 @@ async def test_a_batch_of_pool_operations_makes_fewer_round_trips_than_statement
     # every operation's statements, COMMIT (with its notification)
     assert sum(batches) == 40
     assert statements >= 2 * 40 + 2 * len(batches)
-    assert round_trips <= 3 * len(batches) < statements
+    assert round_trips <= 3 * len(batches) < statements, summary(lines)
 
 
 def _write_as_an_older_release(store: Any, statement: str) -> None:

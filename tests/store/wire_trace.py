@@ -46,16 +46,29 @@ def _flags() -> Any:
 
 def count_round_trips(lines: list[str]) -> tuple[int, int]:
     """Statements sent (an Execute, or a simple Query, which may hold several:
-    counted as one) and round trips (each time the client turned from sending
-    to reading) in a trace."""
+    counted as one) and round trips in a trace. A round trip is a request the
+    client ends and the database answers with ReadyForQuery: a simple Query, or
+    a pipeline's Sync. (Counting each turn from sending to reading would also
+    count psycopg reading early results while it still sends, which it does
+    when the socket's buffer fills: more turns, no more waits.)"""
     statements = round_trips = 0
-    sending = False
     for line in lines:
         direction, _, message = line.split("\t")[:3]
         if direction == "F":
             statements += message in ("Execute", "Query")
-            sending = True
-        elif sending:
-            round_trips += 1
-            sending = False
+            round_trips += message in ("Sync", "Query")
     return statements, round_trips
+
+
+def summary(lines: list[str]) -> str:
+    """The trace's messages with runs of one kind collapsed, for a failure's
+    message."""
+    runs: list[list[object]] = []
+    for line in lines:
+        direction, _, message = line.split("\t")[:3]
+        kind = f"{direction} {message}"
+        if runs and runs[-1][0] == kind:
+            runs[-1][1] = int(str(runs[-1][1])) + 1
+        else:
+            runs.append([kind, 1])
+    return ", ".join(f"{kind} x{count}" if count != 1 else str(kind) for kind, count in runs)

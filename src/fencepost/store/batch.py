@@ -171,7 +171,8 @@ class Engine(Protocol):
     def execute(self, conn: Any, sql: str, params: tuple[Any, ...]) -> Cursor: ...
 
     def commit(self, conn: Any, events: list[Any]) -> None:
-        """Commit the batch, announcing `events` to other replicas with it."""
+        """Commit the batch, announcing `events` to other replicas with it.
+        Where the engine pipelines, called inside `pipeline`."""
 
     def broken(self, conn: Any) -> bool:
         """True when the connection cannot be used again."""

@@ -28,7 +28,6 @@ from typing import Any, Callable, ContextManager, Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
-from psycopg import sql
 
 from fencepost.clock import steady_ns, wall_clock_ms
 from fencepost.errors import StoreUnavailable
@@ -199,26 +198,12 @@ class PostgresEngine:
     def commit(self, conn: _Connection, events: list[Any]) -> None:
         # Only wake-ups cross replicas; grants and ends are this process's to report.
         payloads = sorted({_encode(event) for event in events if isinstance(event, Freed)})
-        if conn.pipe is not None:
-            # In a pipeline (behind the batch's gathered writes; batch.py):
-            # one statement per message, the answers read at its end.
-            if payloads:
-                conn.execute(_NOTIFY_EACH, (CHANNEL, json.dumps(payloads)))
-            conn.execute("COMMIT")
-            return
-        if not payloads:
-            conn.statements.execute("COMMIT")
-            return
-        # Delivered to every listening replica when (and only if) the batch
-        # commits. Quoted by psycopg into one simple-protocol query, so the
-        # notification and the commit share a round trip; one JSON string
-        # quotes faster than an array of many.
-        conn.statements.execute(
-            sql.SQL(
-                "SELECT pg_notify({}, payload) "
-                "FROM json_array_elements_text({}::json) AS payload; COMMIT"
-            ).format(sql.Literal(CHANNEL), sql.Literal(json.dumps(payloads)))
-        )
+        # Called inside `pipeline`, behind the batch's gathered writes
+        # (batch.py): the notification and the commit go out with them, one
+        # statement per message, and the answers are read at the pipeline's end.
+        if payloads:
+            conn.execute(_NOTIFY_EACH, (CHANNEL, json.dumps(payloads)))
+        conn.execute("COMMIT")
 
     def fatal(self, exc: BaseException) -> bool:
         if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
