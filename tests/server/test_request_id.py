@@ -18,7 +18,9 @@ def test_new_ids_are_distinct_version_4_uuids() -> None:
         assert str(parsed) == value  # canonical lower-case form
 
 
-@pytest.mark.parametrize("value", ["abc", "req-1:2/3", "x" * 128, "5f0e2c1a-8b7d-4e6f-a9c3-2d1b0a9f8e7d"])
+@pytest.mark.parametrize(
+    "value", ["abc", "req-1:2/3", "x" * 128, "5f0e2c1a-8b7d-4e6f-a9c3-2d1b0a9f8e7d"]
+)
 def test_safe_caller_ids_are_echoed(value: str) -> None:
     assert caller_request_id(value) == value
     assert request_id_for(value) == value
