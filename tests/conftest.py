@@ -22,6 +22,7 @@ def nothing_left_behind() -> Iterator[None]:
     yield
     processes = support.leftover_processes()
     support.kill_leftovers()
+    pg_support.drop_template()
     databases = pg_support.leftover_databases()
     pg_support.drop_databases(databases)
     problems = [f"still running: {p}" for p in processes]
