@@ -245,6 +245,26 @@ async def test_other_replicas_hear_of_freed_locks_with_awkward_names(store, cloc
         await other.close()
 
 
+async def test_closing_ends_the_listener_at_once_after_it_heard_others(store, clock):
+    """On PostgreSQL a store's listener waits for notifications without a
+    timeout: closing the store must end it through its own wake-up, not leave
+    it waiting (nor make close wait for a polling interval to run out)."""
+    if isinstance(store, SqliteStore):
+        pytest.skip("SQLite's workers hear each other over datagrams, not a listener thread")
+    other = reopen(store, clock)
+    heard: list[Freed] = []
+    other.add_freed_listener(heard.append)
+    await other.open()
+    listening = other._listener._thread
+    try:
+        await hear(store, heard, "before-close")
+        assert listening.is_alive()
+    finally:
+        await other.close()
+    assert not listening.is_alive()
+    await other.close()  # closing twice is harmless
+
+
 async def test_one_holder_when_acquires_releases_and_renewals_share_batches(store):
     """Operations on one key in one batch: however the store orders them (one
     by one, or on PostgreSQL every first statement before the rest), at most

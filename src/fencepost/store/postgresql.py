@@ -22,6 +22,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
+import select
 import threading
 from functools import lru_cache
 from typing import Any, Callable, ContextManager, Iterator
@@ -234,21 +236,32 @@ def _decode(payload: str) -> Freed | None:
 
 
 class _Listener:
-    """A thread with its own connection, LISTENing for other replicas' events."""
+    """A thread with its own connection, LISTENing for other replicas' events.
+    It waits on the connection's socket and on a pipe of its own, so that
+    `stop` ends it at once rather than at the end of a polling interval (a
+    stopping server, and every test that closes a store, would wait for it)."""
 
     def __init__(self, url: str, application_name: str, deliver: Callable[[Freed], None]) -> None:
         self._url = url
         self._application_name = application_name
         self._deliver = deliver
         self._stop = threading.Event()
+        self._wake_read, self._wake_write = os.pipe()
         self._thread = threading.Thread(target=self._run, name="fencepost-listen", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
+        """End the thread (again: nothing)."""
+        if self._stop.is_set():
+            return
         self._stop.set()
+        os.write(self._wake_write, b"x")
         self._thread.join(timeout=5)
+        if not self._thread.is_alive():  # else it may still look at the pipe
+            os.close(self._wake_read)
+            os.close(self._wake_write)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -259,10 +272,17 @@ class _Listener:
                 ) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
                     while not self._stop.is_set():
-                        for note in conn.notifies(timeout=0.5):
+                        # What has arrived, read without waiting (first: what
+                        # came with the LISTEN's answer); then wait until more
+                        # arrives (or the connection ended, which reading it
+                        # raises), or until `stop`.
+                        for note in conn.notifies(timeout=0):
                             event = _decode(note.payload)
                             if event is not None:
                                 self._deliver(event)
+                        ready, _, _ = select.select([conn.fileno(), self._wake_read], [], [])
+                        if self._wake_read in ready:
+                            return
             except psycopg.Error as exc:
                 # The database is away; until it is back, waiters rely on the
                 # safety wake (server/waiting.py, SAFETY_WAKE_S).
