@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
 import httpx
 import pytest
 
@@ -58,8 +59,11 @@ def test_cli_reference_is_every_command_help(site: Path) -> None:
 
     page = (site / "cli-reference" / "index.html").read_text()
     assert "generated: cli-reference" not in page
+    context = click.Context(main)
+    assert main.list_commands(context) == sorted(
+        ["serve", "project", "lock", "pool", "key", "whoami", "run"])
     for group in ("lock", "pool", "key"):
-        command = main.commands[group]
+        command = main.get_command(context, group)
         assert hasattr(command, "commands")
         for name, sub in command.commands.items():
             # A hidden command is an old name kept working, deliberately not shown.
