@@ -39,10 +39,7 @@ def database_url(name: str) -> str:
 
 @contextlib.contextmanager
 def temporary_database() -> Iterator[str]:
-    name = f"fencepost_test_{uuid.uuid4().hex[:16]}"
-    with _admin_connection() as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    _MADE.append(name)
+    name = _create()
     try:
         yield database_url(name)
     finally:
@@ -63,38 +60,41 @@ def migrated_database() -> Iterator[str]:
     if not _TEMPLATE:
         from fencepost.store.migrate import apply_migrations
 
-        name = f"fencepost_test_{uuid.uuid4().hex[:16]}"
-        with _admin_connection() as admin:
-            admin.execute(f'CREATE DATABASE "{name}"')
-        _MADE.append(name)
+        name = _create()
         migrations_url = urlunsplit(("postgresql+psycopg", *urlsplit(database_url(name))[1:]))
         apply_migrations(migrations_url, "postgresql")
         _TEMPLATE.append(name)
-    name = f"fencepost_test_{uuid.uuid4().hex[:16]}"
-    _copy(_TEMPLATE[0], name)
-    _MADE.append(name)
+    name = _create(template=_TEMPLATE[0])
     try:
         yield database_url(name)
     finally:
         drop_databases([name])
 
 
-def _copy(template: str, name: str) -> None:
-    """CREATE DATABASE `name` from `template`, which PostgreSQL refuses while
-    a session is still on the template: the migrating connection's session
-    ends a moment after it was closed."""
+def _create(template: str | None = None) -> str:
+    """CREATE a database of a new name (a copy of `template`, if given),
+    remembered for the end-of-session check; returns its name. PostgreSQL
+    refuses to copy a template while a session is still on it, and the
+    migrating connection's session ends a moment after it was closed: so a
+    copy is tried again until it goes through."""
     import psycopg
 
+    name = f"fencepost_test_{uuid.uuid4().hex[:16]}"
+    statement = f'CREATE DATABASE "{name}"'
+    if template is not None:
+        statement += f' TEMPLATE "{template}"'
     deadline = time.monotonic() + 30  # a guard, not a bound on speed
     while True:
         try:
             with _admin_connection() as admin:
-                admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-            return
+                admin.execute(statement)
+            break
         except psycopg.errors.ObjectInUse:
-            if time.monotonic() > deadline:
+            if template is None or time.monotonic() > deadline:
                 raise
             time.sleep(0.02)
+    _MADE.append(name)
+    return name
 
 
 def leftover_databases() -> list[str]:

@@ -248,7 +248,8 @@ async def test_other_replicas_hear_of_freed_locks_with_awkward_names(store, cloc
 async def test_closing_ends_the_listener_at_once_after_it_heard_others(store, clock):
     """On PostgreSQL a store's listener waits for notifications without a
     timeout: closing the store must end it through its own wake-up, not leave
-    it waiting (nor make close wait for a polling interval to run out)."""
+    it waiting (a listener that missed its wake-up would still be alive after
+    close's five-second join)."""
     if isinstance(store, SqliteStore):
         pytest.skip("SQLite's workers hear each other over datagrams, not a listener thread")
     other = reopen(store, clock)

@@ -4,6 +4,7 @@ what a batch sends and how many times it waits for the database."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import tempfile
 from typing import Any, Iterator
@@ -63,12 +64,6 @@ def count_round_trips(lines: list[str]) -> tuple[int, int]:
 def summary(lines: list[str]) -> str:
     """The trace's messages with runs of one kind collapsed, for a failure's
     message."""
-    runs: list[list[object]] = []
-    for line in lines:
-        direction, _, message = line.split("\t")[:3]
-        kind = f"{direction} {message}"
-        if runs and runs[-1][0] == kind:
-            runs[-1][1] = int(str(runs[-1][1])) + 1
-        else:
-            runs.append([kind, 1])
-    return ", ".join(f"{kind} x{count}" if count != 1 else str(kind) for kind, count in runs)
+    kinds = (" ".join(line.split("\t")[:3:2]) for line in lines)
+    runs = [(kind, len(list(run))) for kind, run in itertools.groupby(kinds)]
+    return ", ".join(kind if count == 1 else f"{kind} x{count}" for kind, count in runs)
