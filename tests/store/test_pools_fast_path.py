@@ -36,7 +36,8 @@ from .wire_trace import count_round_trips, summary, wire_trace
 
 
 class WriterStatements:
-    """The statements the store's writer threads run, in order."""
+    """The statements the store's writer runs, in order (on its threads, or on
+    the event loop for SQLite; the readers run on threads of their own)."""
 
     def __init__(self, store: Any) -> None:
         self.sent: list[str] = []
@@ -44,7 +45,7 @@ class WriterStatements:
         inner = engine.execute
 
         def execute(conn: Any, sql: Any, params: Any) -> Any:
-            if threading.current_thread().name.startswith("fencepost-writer"):
+            if not threading.current_thread().name.startswith("fencepost-reader"):
                 self.sent.append(sql)
             return inner(conn, sql, params)
 

@@ -51,8 +51,17 @@ async def in_one_batch(store: Any, keys: Keys, calls: list[Awaitable[Any]]) -> l
     return what each answered (its result or its error). A first batch holding
     every key waits on the writer thread until all of them are queued, so none
     can start before (a job waits for a batch holding its keys, on every
-    connection), and then one batch takes them all."""
+    connection), and then one batch takes them all. An inline writer (SQLite)
+    is paused instead until all of them are queued."""
     writer = store._writer
+    if writer.inline:
+        writer.pause_for_tests(True)
+        try:
+            answers = asyncio.gather(*calls, return_exceptions=True)
+            await _until_queued(writer, len(calls))
+        finally:
+            writer.pause_for_tests(False)
+        return list(await answers)
     holding, queued = threading.Event(), threading.Event()
     first = True
 
@@ -68,17 +77,21 @@ async def in_one_batch(store: Any, keys: Keys, calls: list[Awaitable[Any]]) -> l
         gate = asyncio.ensure_future(writer.run(lambda tx: None, keys))
         assert await asyncio.to_thread(holding.wait, GUARD_S)
         answers = asyncio.gather(*calls, return_exceptions=True)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + GUARD_S
-        while len(writer._jobs._waiting) < len(calls):
-            assert loop.time() < deadline, "the calls were never all queued"
-            await asyncio.sleep(0.001)
+        await _until_queued(writer, len(calls))
         queued.set()
         await gate
         return list(await answers)
     finally:
         queued.set()
         writer.hold_for_tests(None)
+
+
+async def _until_queued(writer: Any, count: int) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + GUARD_S
+    while writer.waiting_for_tests() < count:
+        assert loop.time() < deadline, "the calls were never all queued"
+        await asyncio.sleep(0.001)
 
 
 @pytest.fixture(autouse=True)

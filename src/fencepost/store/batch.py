@@ -1,9 +1,24 @@
-"""Group commit: one writer thread per store, many operations per transaction.
+"""Group commit: one writer per store, many operations per transaction.
 
-Requests submit operations; the writer thread runs every operation that is
-waiting in one transaction and answers them all only after the commit. One
-commit (and one fsync) then serves a whole batch, which is what keeps a durable
+Requests submit operations; the writer runs every operation that is waiting
+in one transaction and answers them all only after the commit. One commit
+(and one fsync) then serves a whole batch, which is what keeps a durable
 store fast under load (the idea behind PostgreSQL's and etcd's group commit).
+
+Where the writer runs depends on the engine:
+
+- on writer threads (PostgreSQL), one per connection: each statement is a
+  round trip, which the thread waits for while the event loop serves;
+- inline (SQLite, an `InlineEngine`): statements are calls into this
+  process, so a batch runs on the event loop itself, taking everything
+  submitted until the loop got to it. A writer thread would only contend
+  with the loop for the interpreter lock inside its transaction (measured:
+  the write lock was held for the whole run, half of it waiting for the
+  interpreter lock). The commit writes the WAL without waiting for the disk;
+  the `_Flusher` thread then fsyncs it and only then answers the batch, so
+  nobody is told of a write a power loss could undo, and the write lock is
+  never held across a disk flush. The turn at the write lock among the
+  processes sharing the file is waited for on a thread too.
 
 Operations come in two kinds:
 
@@ -154,6 +169,11 @@ class Engine(Protocol):
     # join_line); None: the counter row.
     ticket_sequence: str | None
 
+    # Whether batches run on the submitting event loop's thread (an
+    # in-process database, whose statements are calls, not round trips): such
+    # an engine is an InlineEngine.
+    inline: bool
+
     def fatal(self, exc: BaseException) -> bool: ...
 
     def connect(self) -> Any: ...
@@ -187,6 +207,27 @@ class Engine(Protocol):
     def pipeline(self, conn: Any) -> ContextManager[Any]:
         """A block whose statements are sent without waiting for their answers;
         an answer is waited for when it is read, and all of them at the end."""
+
+
+class InlineEngine(Engine, Protocol):
+    """An engine whose batches run on the event loop (`inline`): its commit
+    writes without waiting for the disk, `sync` then makes it durable on
+    another thread, and the right to write (the turn, among the processes
+    sharing the database) is waited for on another thread too, so the loop
+    never blocks on the disk or on another process."""
+
+    def sync(self) -> None:
+        """Make every commit so far durable; raise StoreUnavailable when that
+        cannot be done."""
+
+    def try_turn(self) -> bool:
+        """Take the turn to write if it is free now (never waits)."""
+
+    def wait_turn(self) -> None:
+        """Wait for the turn to write and take it (on a thread of its own)."""
+
+    def give_turn(self) -> None:
+        """Give the turn back (harmless when not held)."""
 
 
 class Undecided(enum.Enum):
@@ -402,6 +443,130 @@ class _Link:
         self.generation = 0  # the writer's generation when `conn` was opened
 
 
+class _TurnWaiter:
+    """A thread that waits for an inline engine's turn to write, so that the
+    event loop does not, and then says so."""
+
+    def __init__(self, engine: InlineEngine, name: str) -> None:
+        self._engine = engine
+        self._name = name
+        self._ready = threading.Condition(threading.Lock())
+        self._then: Callable[[], object] | None = None
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    def wait(self, then: Callable[[], object]) -> None:
+        """Take the turn on the waiter's thread, then call `then` there."""
+        with self._ready:
+            self._then = then
+            if self._thread is None:  # started at the first wait: one process alone never waits
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+            self._ready.notify()
+
+    def stop(self) -> None:
+        with self._ready:
+            self._stopping = True
+            self._ready.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while True:
+            with self._ready:
+                while self._then is None and not self._stopping:
+                    self._ready.wait()
+                if self._then is None:
+                    return
+                then, self._then = self._then, None
+            try:
+                self._engine.wait_turn()
+            except Exception:  # noqa: BLE001 - the batch then meets the failure itself
+                _log.exception("waiting for the turn to write failed")
+            try:
+                then()
+            except RuntimeError:
+                self._engine.give_turn()  # the loop is closed: nobody will write
+
+
+class _Inline:
+    """An inline writer's connection and the jobs waiting for its next batch."""
+
+    __slots__ = ("link", "engine", "turn_waiter", "pending", "scheduled", "closing", "paused")
+
+    def __init__(self, link: _Link, engine: InlineEngine, name: str) -> None:
+        self.link = link
+        self.engine = engine
+        self.turn_waiter = _TurnWaiter(engine, f"{name}-turn")
+        self.pending: collections.deque[_Job[Any]] = collections.deque()
+        self.scheduled = False  # a drain is due on the loop
+        self.closing = False
+        self.paused = False  # tests only: jobs wait until resumed
+
+
+class _Flusher:
+    """Answers an inline writer's batches once they are durable.
+
+    The batch commits on the event loop without waiting for the disk; this
+    thread then makes every commit so far durable with one sync and only
+    then settles the callers of all the batches it covered. The loop goes on
+    serving (and committing the next batches) meanwhile, and one sync covers
+    whatever committed while the last one ran: group commit, with the write
+    lock held only while statements run, never across a disk flush."""
+
+    def __init__(
+        self,
+        sync: Callable[[], None],
+        deliver: Callable[[list[_Outcome], list[Any]], None],
+        name: str,
+    ) -> None:
+        self._sync = sync
+        self._deliver = deliver
+        self._ready = threading.Condition(threading.Lock())
+        self._committed: list[tuple[list[_Outcome], list[Any]]] = []
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def put(self, outcomes: list[_Outcome], events: list[Any]) -> None:
+        with self._ready:
+            self._committed.append((outcomes, events))
+            self._ready.notify()
+
+    def stop(self) -> None:
+        with self._ready:
+            self._stopping = True
+            self._ready.notify()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while True:
+            with self._ready:
+                while not self._committed and not self._stopping:
+                    self._ready.wait()
+                if not self._committed:
+                    return
+                taken, self._committed = self._committed, []
+            failure: StoreUnavailable | None = None
+            try:
+                self._sync()
+            except StoreUnavailable as exc:
+                failure = exc
+            except Exception as exc:  # noqa: BLE001 - the thread must survive anything
+                _log.exception("making the store durable failed unexpectedly")
+                failure = StoreUnavailable(f"The store failed: {exc}.")
+            outcomes: list[_Outcome] = []
+            events: list[Any] = []
+            for done, published in taken:
+                if failure is None:
+                    outcomes.extend(done)
+                    events.extend(published)
+                else:
+                    # Not durable, so not acknowledged: whether it happened is unknown.
+                    outcomes.extend((job, None, failure) for job, _, _ in done)
+            self._deliver(outcomes, events)
+
+
 def test_hooks_enabled() -> bool:
     return os.environ.get(TEST_HOOKS_VARIABLE) == "1"
 
@@ -424,6 +589,11 @@ class BatchWriter:
         self._connections = max(1, connections)
         self._jobs = _Jobs()
         self._threads: list[threading.Thread] = []
+        self._inline: _Inline | None = None
+        self._flusher: _Flusher | None = None
+        # An inline writer whose flusher also answers this reader: what a read
+        # saw may have committed but not reached the disk yet.
+        self._durable_by: BatchWriter | None = None
         self._hold: Callable[[list[Key]], None] | None = None
         self._hold_at_commit = False
         self._generation = 0  # bumped when a connection fails fatally (stale_together)
@@ -434,6 +604,13 @@ class BatchWriter:
 
     def start(self) -> None:
         # Fail here, in the caller, if the database is unreachable.
+        if self._engine.inline and self._exclusive:
+            # Inline (see InlineEngine); an inline engine's readers keep
+            # threads of their own, so a read never waits for a write batch.
+            engine = cast(InlineEngine, self._engine)
+            self._inline = _Inline(_Link(engine.connect()), engine, f"fencepost-{self._name}")
+            self._flusher = _Flusher(engine.sync, self._deliver, f"fencepost-{self._name}-sync")
+            return
         links = [_Link(self._engine.connect()) for _ in range(self._connections)]
         self._jobs = _Jobs()
         self._threads = [
@@ -445,12 +622,38 @@ class BatchWriter:
         for thread in self._threads:
             thread.start()
 
+    async def close(self) -> None:
+        """Answer what was submitted, then stop."""
+        inline = self._inline
+        if inline is None:
+            await asyncio.to_thread(self.stop)
+            return
+        inline.closing = True
+        while inline.pending or inline.scheduled:
+            await asyncio.sleep(0)
+        flusher, self._flusher, self._inline = self._flusher, None, None
+        if flusher is not None:
+            await asyncio.to_thread(flusher.stop)
+        inline.turn_waiter.stop()
+        self._close(inline.link)
+
     def stop(self) -> None:
         if self._threads:
             self._jobs.stop()
             for thread in self._threads:
                 thread.join(timeout=10)
             self._threads = []
+
+    def answer_when_durable(self, writer: BatchWriter) -> None:
+        """Answer this reader's batches only once `writer` made every commit
+        so far durable (when it is inline; its own batches wait likewise), so
+        that no read shows a write that a crash of the machine could undo."""
+        self._durable_by = writer
+
+    @property
+    def inline(self) -> bool:
+        """Whether batches run on the event loop that submits them (see _Flusher)."""
+        return self._inline is not None
 
     def hold_for_tests(
         self, hold: Callable[[list[Key]], None] | None, at_commit: bool = False
@@ -465,6 +668,27 @@ class BatchWriter:
         self._hold = hold
         self._hold_at_commit = at_commit
 
+    def pause_for_tests(self, paused: bool) -> None:
+        """Fault injection, for tests only, inline writers only: while paused,
+        submitted jobs wait (a test gathers them into one batch, or keeps
+        them waiting); resuming runs them. Refused unless
+        FENCEPOST_TEST_HOOKS=1."""
+        if not test_hooks_enabled():
+            raise RuntimeError(f"test hooks are off (set {TEST_HOOKS_VARIABLE}=1)")
+        inline = self._inline
+        if inline is None:
+            raise RuntimeError("only an inline writer pauses (use hold_for_tests)")
+        inline.paused = paused
+        if not paused and inline.pending and not inline.scheduled:
+            inline.scheduled = True
+            inline.pending[0].loop.call_soon(self._drain)
+
+    def waiting_for_tests(self) -> int:
+        """How many submitted jobs wait for a batch (tests only)."""
+        if self._inline is not None:
+            return len(self._inline.pending)
+        return len(self._jobs._waiting)
+
     async def run(self, fn: Callable[[Tx], T | Refused], keys: Keys) -> T:
         """The result of the plain operation `fn`, which touches `keys` (NO_KEYS
         only for an operation that touches no lock, pool or quota, or claims
@@ -478,12 +702,46 @@ class BatchWriter:
         return cast(T, await self._submit(fn, True, keys))
 
     async def _submit(self, fn: Callable[[Tx], Any], steps: bool, keys: Keys) -> Any:
-        if not self._threads:
+        inline = self._inline
+        if not self._threads and (inline is None or inline.closing):
             raise StoreUnavailable("The store is closed.")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._jobs.put(_Job(fn, future, loop, steps, current_origin(), keys))
+        job = _Job(fn, future, loop, steps, current_origin(), keys)
+        if inline is None:
+            self._jobs.put(job)
+        else:
+            inline.pending.append(job)
+            if not inline.scheduled:
+                # Everything submitted until the loop gets to it joins the batch.
+                inline.scheduled = True
+                loop.call_soon(self._drain)
         return await future
+
+    def _drain(self) -> None:
+        """Run the next inline batch on this (the event loop's) thread."""
+        inline = self._inline
+        if inline is None:
+            return
+        inline.scheduled = False
+        pending = inline.pending
+        if not pending or (inline.paused and not inline.closing):
+            return
+        loop = pending[0].loop
+        if not inline.engine.try_turn():
+            # Another process is writing: wait for its commit on a thread, and
+            # serve meanwhile (what arrives joins this batch).
+            inline.scheduled = True
+            inline.turn_waiter.wait(lambda: loop.call_soon_threadsafe(self._drain))
+            return
+        batch = [pending.popleft() for _ in range(min(len(pending), MAX_BATCH))]
+        if pending:
+            inline.scheduled = True
+            loop.call_soon(self._drain)
+        try:
+            self._run_batch(inline.link, batch, {key for job in batch for key in job.keys})
+        finally:
+            inline.engine.give_turn()  # already given by the commit or rollback, unless neither ran
 
     def _run(self, link: _Link) -> None:
         try:
@@ -564,7 +822,11 @@ class BatchWriter:
                 # An observer that raised would otherwise end the writer
                 # thread, and every request after it would wait forever.
                 _log.exception("a store batch observer failed")
-        self._deliver(outcomes, events)
+        flusher = self._flusher or (self._durable_by._flusher if self._durable_by else None)
+        if flusher is not None:
+            flusher.put(outcomes, events)  # answered once durable
+        else:
+            self._deliver(outcomes, events)
 
     def _run_in_transaction(
         self,

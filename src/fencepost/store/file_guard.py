@@ -47,6 +47,13 @@ class FileGuard:
                 _log.error("store lost: %s; refusing requests until restarted", reason)
             return self._lost
 
+    def fail(self, reason: str) -> None:
+        """Mark the store lost for `reason` (a write the disk refused)."""
+        with self._lock:
+            if self._lost is None:
+                self._lost = reason
+                _log.error("store lost: %s; refusing requests until restarted", reason)
+
     def _compare(self) -> str | None:
         for suffix in _COMPANIONS:
             name = self.path + suffix

@@ -144,6 +144,7 @@ def _pipelined(conn: _Connection) -> Iterator[None]:
 class PostgresEngine:
     errors: tuple[type[BaseException], ...] = (psycopg.Error,)
     pipelines = True
+    inline = False  # statements are round trips: batches run on writer threads
     token_sequence: str | None = TOKEN_SEQUENCE
     ticket_sequence: str | None = TICKET_SEQUENCE
     stale_together = True

@@ -7,7 +7,6 @@ suite hold them to the same behaviour.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 from typing import Any, Awaitable, Callable, TypeVar
 
@@ -115,6 +114,8 @@ class SqlStore:
             BatchWriter(engine, self._publish, name=f"reader-{i}", exclusive=False)
             for i in range(readers)
         ]
+        for reader in self._readers:
+            reader.answer_when_durable(self._writer)
         self._next_reader = itertools.cycle(self._readers or [self._writer])
         self._pepper = b""
         self._known = KnownLeases()  # shared by the writer's threads
@@ -144,7 +145,7 @@ class SqlStore:
 
     async def close(self) -> None:
         for batcher in [self._writer, *self._readers]:
-            await asyncio.to_thread(batcher.stop)
+            await batcher.close()
 
     async def ping(self) -> None:
         await self._read(lambda tx: tx.execute("SELECT 1").fetchone())

@@ -25,32 +25,49 @@ SUFFIX = ".lock"
 
 
 class WriterTurn:
+    """The turn of one store's writer. The writer takes it on the event loop
+    when it is free (`try_take`), or on a thread that waits for it (`take`),
+    and gives it back after its commit or rollback; a lock taken on one
+    thread is given on another (flock belongs to the open file, not to a
+    thread)."""
+
     def __init__(self, database: str) -> None:
         self.path = database + SUFFIX
         self._fd: int | None = None
-        # The thread holding the turn: the store's readers share its engine,
-        # and their commits must not give away the writer's turn.
-        self._holder: int | None = None
+        self._held = False
         self._guard = threading.Lock()  # open/close against take/give
 
-    def take(self) -> None:
-        """Wait for the turn (the writer thread; the GIL is let go meanwhile)."""
+    def _descriptor(self) -> int:
         with self._guard:
             if self._fd is None:
                 self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            fd = self._fd
-        if self._holder is None:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            self._holder = threading.get_ident()
+            return self._fd
+
+    def try_take(self) -> bool:
+        """Take the turn if it is free now (or already held); never waits."""
+        if self._held:
+            return True
+        try:
+            fcntl.flock(self._descriptor(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        self._held = True
+        return True
+
+    def take(self) -> None:
+        """Wait for the turn (the GIL is let go meanwhile)."""
+        if not self._held:
+            fcntl.flock(self._descriptor(), fcntl.LOCK_EX)
+            self._held = True
 
     def give(self) -> None:
         """Let the next writer in (after the holder's commit or rollback)."""
-        if self._holder == threading.get_ident() and self._fd is not None:
-            self._holder = None
+        if self._held and self._fd is not None:
+            self._held = False
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def close(self) -> None:
         with self._guard:
             if self._fd is not None:
                 os.close(self._fd)  # gives the turn too
-                self._fd, self._holder = None, None
+                self._fd, self._held = None, False
