@@ -132,3 +132,28 @@ async def test_another_process_at_the_write_lock_is_waited_for_off_the_loop(stor
         other.close()
     result = await asyncio.wait_for(acquire, GUARD_S)
     assert isinstance(result.outcome, Granted)
+
+
+def checkpoint_sequence(path: str) -> int:
+    """The WAL header's checkpoint sequence: one more each time the WAL was
+    copied back whole and started again from its beginning."""
+    with open(path + "-wal", "rb") as wal:
+        header = wal.read(32)
+    return int.from_bytes(header[12:16], "big") if len(header) == 32 else 0
+
+
+async def test_the_wal_is_copied_back_and_restarted_while_writes_go_on(store):
+    # The writer's connection never checkpoints in a commit on the loop; the
+    # checkpoint thread must, or the WAL grows for as long as writes go on.
+    await grant(store, "first")
+    began = checkpoint_sequence(store.path)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + GUARD_S
+    written = 0
+    while checkpoint_sequence(store.path) < began + 2:
+        assert loop.time() < deadline, f"the WAL was never restarted in {written} writes"
+        holder = token()
+        await grant(store, f"k{written}", holder)
+        await store.release_lock(P, f"k{written}", holder)
+        written += 1
+    assert store._engine.checkpoints.restarts >= 2

@@ -15,6 +15,7 @@ from fencepost.clock import SteadyClock
 from fencepost.errors import StoreUnavailable
 from fencepost.store.base import Freed
 from fencepost.store.batch import Cursor
+from fencepost.store.checkpoints import Checkpointer
 from fencepost.store.file_guard import FileGuard
 from fencepost.store.local_peers import LocalPeers
 from fencepost.store.migrate import apply_migrations
@@ -58,6 +59,7 @@ class SqliteEngine:
         self.peers = peers or LocalPeers()  # unbound: a lone engine tells nobody
         self.turn = WriterTurn(path)
         self._wal: int | None = None  # a descriptor of the WAL, for `sync`
+        self.checkpoints = Checkpointer(path, self.connect)
         self._writer_conn: sqlite3.Connection | None = None  # in a write transaction
 
     def sync(self) -> None:
@@ -81,6 +83,7 @@ class SqliteEngine:
         # file that is gone.
         self.guard.check()
         self._refuse_if_lost()
+        self.checkpoints.nudge()
 
     def release_files(self) -> None:
         if self._wal is not None:
@@ -96,6 +99,9 @@ class SqliteEngine:
         # and of the machine, as with FULL, but the write lock is not held
         # across the disk flush. (NORMAL still syncs around checkpoints.)
         conn.execute("PRAGMA synchronous=NORMAL")
+        # Checkpoints run on a thread of their own (see checkpoints.py), not
+        # inside a commit on the event loop.
+        conn.execute("PRAGMA wal_autocheckpoint=0")
         conn.execute("PRAGMA busy_timeout=10000")
         conn.execute("PRAGMA foreign_keys=ON")
         return conn
@@ -204,6 +210,7 @@ class SqliteStore(SqlStore):
         # has new -wal and -shm files (the last close removes them).
         self._engine.guard = FileGuard(self.path)
         self._engine.release_files()
+        self._engine.checkpoints = Checkpointer(self.path, self._engine.connect)
         try:
             await asyncio.to_thread(apply_migrations, f"sqlite:///{self.path}", "sqlite")
             self._peers.bind(asyncio.get_running_loop(), self._publish)
@@ -217,6 +224,7 @@ class SqliteStore(SqlStore):
 
     async def close(self) -> None:
         await super().close()
+        await asyncio.to_thread(self._engine.checkpoints.stop)
         self._peers.unbind()
         self._engine.turn.close()
         self._engine.release_files()
