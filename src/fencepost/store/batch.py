@@ -588,8 +588,12 @@ class _Flusher:
 
     def put(self, outcomes: list[_Outcome], events: list[Any]) -> None:
         with self._ready:
-            self._committed.append((outcomes, events))
-            self._ready.notify()
+            if not self._stopping:
+                self._committed.append((outcomes, events))
+                self._ready.notify()
+                return
+        # A read that finished while the store closed: answered here, once synced.
+        self._flush([(outcomes, events)])
 
     def stop(self) -> None:
         with self._ready:
@@ -605,24 +609,28 @@ class _Flusher:
                 if not self._committed:
                     return
                 taken, self._committed = self._committed, []
-            failure: StoreUnavailable | None = None
-            try:
-                self._sync()
-            except StoreUnavailable as exc:
-                failure = exc
-            except Exception as exc:  # noqa: BLE001 - the thread must survive anything
-                _log.exception("making the store durable failed unexpectedly")
-                failure = StoreUnavailable(f"The store failed: {exc}.")
-            outcomes: list[_Outcome] = []
-            events: list[Any] = []
-            for done, published in taken:
-                if failure is None:
-                    outcomes.extend(done)
-                    events.extend(published)
-                else:
-                    # Not durable, so not acknowledged: whether it happened is unknown.
-                    outcomes.extend((job, None, failure) for job, _, _ in done)
-            self._deliver(outcomes, events)
+            self._flush(taken)
+
+    def _flush(self, taken: list[tuple[list[_Outcome], list[Any]]]) -> None:
+        """Sync, then answer everything in `taken` (or fail it, unsynced)."""
+        failure: StoreUnavailable | None = None
+        try:
+            self._sync()
+        except StoreUnavailable as exc:
+            failure = exc
+        except Exception as exc:  # noqa: BLE001 - the thread must survive anything
+            _log.exception("making the store durable failed unexpectedly")
+            failure = StoreUnavailable(f"The store failed: {exc}.")
+        outcomes: list[_Outcome] = []
+        events: list[Any] = []
+        for done, published in taken:
+            if failure is None:
+                outcomes.extend(done)
+                events.extend(published)
+            else:
+                # Not durable, so not acknowledged: whether it happened is unknown.
+                outcomes.extend((job, None, failure) for job, _, _ in done)
+        self._deliver(outcomes, events)
 
 
 def test_hooks_enabled() -> bool:
@@ -687,8 +695,8 @@ class BatchWriter:
             await asyncio.to_thread(self.stop)
             return
         inline.closing = True
-        while inline.pending or inline.scheduled:
-            await asyncio.sleep(0)
+        while inline.pending or inline.scheduled:  # the last batches, maybe a turn away
+            await asyncio.sleep(0.001)
         flusher, self._flusher, self._inline = self._flusher, None, None
         if flusher is not None:
             await asyncio.to_thread(flusher.stop)
