@@ -1,6 +1,6 @@
 """SQLite's writer runs its batches on the event loop and commits without
 waiting for the disk; its flusher thread then fsyncs the WAL and only then
-answers (store/batch.py, _Flusher). These tests hold that order: no answer,
+answers (store/inline.py, Flusher). These tests hold that order: no answer,
 write or read, before the sync that covers it; a sync that fails is a 503 and
 a lost store, never a 2xx; and another process's turn at the write lock is
 waited for off the loop, which goes on serving meanwhile."""

@@ -1,5 +1,5 @@
 """How a writer with several connections picks the jobs of its next batch
-(store/batch.py, _Jobs): in submission order, never a job whose key a batch in
+(store/writer_lines.py): in submission order, never a job whose key a batch in
 flight holds, never a job past an earlier one on the same key; and the cost of
 a take does not grow with the jobs that wait behind a held key. Pure: no
 database, no event loop."""
@@ -8,24 +8,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from fencepost.store.batch import MAX_BATCH, Key, _Job, _Jobs
+from fencepost.store.batch import Job, Key
+from fencepost.store.writer_lines import MAX_BATCH, JobLines
 
 A, B, C = Key("lock", "p", "a"), Key("lock", "p", "b"), Key("lock", "p", "c")
 
 
-def job(name: str, *keys: Key) -> _Job[Any]:
-    made: _Job[Any] = _Job(fn=lambda tx: name, future=None, loop=None, keys=keys)  # type: ignore[arg-type]
+def job(name: str, *keys: Key) -> Job[Any]:
+    made: Job[Any] = Job(fn=lambda tx: name, future=None, loop=None, keys=keys)  # type: ignore[arg-type]
     made.origin = name  # names the job in assertions
     return made
 
 
-def names(taken: tuple[list[_Job[Any]], set[Key]] | None) -> list[str]:
+def names(taken: tuple[list[Job[Any]], set[Key]] | None) -> list[str]:
     assert taken is not None
     return [j.origin for j in taken[0]]
 
 
 def test_with_nothing_in_flight_a_batch_takes_everything_in_order():
-    jobs = _Jobs()
+    jobs = JobLines()
     for made in [job("a1", A), job("b1", B), job("a2", A), job("none")]:
         jobs.put(made)
     assert names(jobs.take()) == ["a1", "b1", "a2", "none"]
@@ -33,7 +34,7 @@ def test_with_nothing_in_flight_a_batch_takes_everything_in_order():
 
 
 def test_a_held_key_passes_its_jobs_over_and_keeps_their_order():
-    jobs = _Jobs()
+    jobs = JobLines()
     jobs.put(job("a1", A))
     first = jobs.take()
     assert names(first) == ["a1"]  # in flight, holding A
@@ -48,7 +49,7 @@ def test_a_held_key_passes_its_jobs_over_and_keeps_their_order():
 
 
 def test_a_full_batch_leaves_the_rest_of_its_keys_to_wait_for_it():
-    jobs = _Jobs()
+    jobs = JobLines()
     for i in range(MAX_BATCH + 2):
         jobs.put(job(f"a{i}", A))
     jobs.put(job("b", B))
@@ -75,7 +76,7 @@ class CountedKey(Key):
 
 def test_a_take_does_not_look_at_every_job_waiting_behind_a_held_key():
     held, other = CountedKey(*A), CountedKey(*B)
-    jobs = _Jobs()
+    jobs = JobLines()
     jobs.put(job("a0", held))
     assert names(jobs.take()) == ["a0"]  # holds A
     for i in range(10_000):

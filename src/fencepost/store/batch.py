@@ -15,7 +15,7 @@ Where the writer runs depends on the engine:
   with the loop for the interpreter lock inside its transaction (measured:
   the write lock was held for the whole run, half of it waiting for the
   interpreter lock). The commit writes the WAL without waiting for the disk;
-  the `_Flusher` thread then fsyncs it and only then answers the batch, so
+  the flusher thread (store/inline.py) then fsyncs it and only then answers the batch, so
   nobody is told of a write a power loss could undo, and the write lock is
   never held across a disk flush. The turn at the write lock among the
   processes sharing the file is waited for on a thread too.
@@ -95,8 +95,6 @@ import collections
 import contextlib
 import enum
 import hashlib
-import heapq
-import itertools
 import logging
 import os
 import threading
@@ -116,13 +114,14 @@ from typing import (
 
 from fencepost.errors import StoreUnavailable
 from fencepost.events import current_origin
+from fencepost.store.inline import Flusher, TurnWaiter
+from fencepost.store.writer_lines import MAX_BATCH, JobLines
 
 _log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
 S = TypeVar("S")
-MAX_BATCH = 512
 
 
 # Test hooks (fault injection) are honoured only when this is set to 1.
@@ -356,15 +355,17 @@ class Tx:
 
 
 @dataclass(slots=True)
-class _Job(Generic[T]):
+class Job(Generic[T]):
+    """One submitted operation, waiting for its batch, and whom to answer."""
+
     fn: Callable[[Tx], Any]  # a plain operation, or a step operation if `steps`
     future: asyncio.Future[T]
     loop: asyncio.AbstractEventLoop
     steps: bool = False
     origin: Any = None  # the submitting request's (see Tx.origin)
     keys: Keys = NO_KEYS
-    order: int = 0  # its place in submission order (_Jobs)
-    taken: bool = False  # into a batch (_Jobs)
+    order: int = 0  # its place in submission order (writer_lines.py)
+    taken: bool = False  # into a batch (writer_lines.py)
 
     def run_whole(self, tx: Tx) -> Any:
         if not self.steps:
@@ -380,114 +381,10 @@ class _Job(Generic[T]):
 
 
 # A job, its result (or None) and its error (or None).
-_Outcome = tuple[_Job[Any], Any, BaseException | None]
+JobResult = tuple[Job[Any], Any, BaseException | None]
 # After a failed connection attempt, batches fail at once for this long instead
 # of each waiting for a connect timeout: callers get a fast 503.
 RECONNECT_BACKOFF_S = 0.5
-
-
-class _Jobs:
-    """The jobs waiting for a connection, in submission order, and the keys
-    that the batches in flight hold. A batch takes the waiting jobs in order,
-    passing over each job that touches a key a batch in flight holds (and
-    every later job on that key, so one key's jobs keep their order).
-
-    Each key has a line of its jobs, and a job is ready when it is first in
-    the line of every key it touches and no batch in flight holds any of
-    them; ready jobs wait in a heap by submission order. A take and a finish
-    then cost a few steps per job, however many wait: scanning every waiting
-    job at each take cost the writer most of a core when 10,000 waiters
-    joined the lines of 100 locks (they queue behind one another, key by
-    key), and parking them took minutes."""
-
-    def __init__(self) -> None:
-        self._changed = threading.Condition(threading.Lock())
-        self._lines: dict[Key, collections.deque[_Job[Any]]] = {}
-        self._ready: list[tuple[int, _Job[Any]]] = []  # a heap by submission order
-        self._held: set[Key] = set()
-        self._waiting = 0
-        self._submitted = itertools.count()
-        self._stopping = False
-
-    def put(self, job: _Job[Any]) -> None:
-        job.keys = tuple(set(job.keys))  # once in each line it joins
-        with self._changed:
-            job.order = next(self._submitted)
-            self._waiting += 1
-            first = True
-            for key in job.keys:
-                line = self._lines.get(key)
-                if line is None:
-                    self._lines[key] = collections.deque((job,))
-                else:
-                    line.append(job)
-                    first = False
-            if first and self._ready_now(job):
-                heapq.heappush(self._ready, (job.order, job))
-                self._changed.notify()
-
-    def stop(self) -> None:
-        with self._changed:
-            self._stopping = True
-            self._changed.notify_all()
-
-    def count(self) -> int:
-        """How many jobs wait for a batch."""
-        return self._waiting
-
-    def take(self) -> tuple[list[_Job[Any]], set[Key]] | None:
-        """The next batch and the keys it holds, waiting for one; None once
-        stopping and nothing is left."""
-        with self._changed:
-            while True:
-                batch, keys = self._next_batch()
-                if batch:
-                    self._held |= keys
-                    return batch, keys
-                if self._stopping and not self._waiting:
-                    self._changed.notify_all()
-                    return None
-                self._changed.wait()
-
-    def done(self, keys: set[Key]) -> None:
-        with self._changed:
-            self._held -= keys
-            for key in keys:
-                line = self._lines.get(key)
-                if line and self._ready_now(line[0]):
-                    heapq.heappush(self._ready, (line[0].order, line[0]))
-            if self._ready or self._stopping:
-                self._changed.notify_all()
-
-    def _ready_now(self, job: _Job[Any]) -> bool:
-        """First in each of its lines, and none of its keys held by a batch in
-        flight (the batch being taken holds none yet: its own jobs on a key
-        may follow one another in it)."""
-        lines, held = self._lines, self._held
-        return not job.taken and all(
-            lines[key][0] is job and key not in held for key in job.keys
-        )
-
-    def _next_batch(self) -> tuple[list[_Job[Any]], set[Key]]:
-        batch: list[_Job[Any]] = []
-        keys: set[Key] = set()
-        ready = self._ready
-        while ready and len(batch) < MAX_BATCH:
-            _, job = heapq.heappop(ready)
-            if not self._ready_now(job):
-                continue  # taken, or a key is held now: pushed again when it is free
-            job.taken = True
-            self._waiting -= 1
-            batch.append(job)
-            keys.update(job.keys)
-            for key in job.keys:
-                line = self._lines[key]
-                line.popleft()
-                if not line:
-                    del self._lines[key]
-                elif self._ready_now(line[0]):
-                    heapq.heappush(ready, (line[0].order, line[0]))
-        return batch, keys
 
 
 class _Link:
@@ -501,52 +398,6 @@ class _Link:
         self.generation = 0  # the writer's generation when `conn` was opened
 
 
-class _TurnWaiter:
-    """A thread that waits for an inline engine's turn to write, so that the
-    event loop does not, and then says so."""
-
-    def __init__(self, engine: InlineEngine, name: str) -> None:
-        self._engine = engine
-        self._name = name
-        self._ready = threading.Condition(threading.Lock())
-        self._then: Callable[[], object] | None = None
-        self._stopping = False
-        self._thread: threading.Thread | None = None
-
-    def wait(self, then: Callable[[], object]) -> None:
-        """Take the turn on the waiter's thread, then call `then` there."""
-        with self._ready:
-            self._then = then
-            if self._thread is None:  # started at the first wait: one process alone never waits
-                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-                self._thread.start()
-            self._ready.notify()
-
-    def stop(self) -> None:
-        with self._ready:
-            self._stopping = True
-            self._ready.notify()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        while True:
-            with self._ready:
-                while self._then is None and not self._stopping:
-                    self._ready.wait()
-                if self._then is None:
-                    return
-                then, self._then = self._then, None
-            try:
-                self._engine.wait_turn()
-            except Exception:  # noqa: BLE001 - the batch then meets the failure itself
-                _log.exception("waiting for the turn to write failed")
-            try:
-                then()
-            except RuntimeError:
-                self._engine.give_turn()  # the loop is closed: nobody will write
-
-
 class _Inline:
     """An inline writer's connection and the jobs waiting for its next batch."""
 
@@ -555,82 +406,11 @@ class _Inline:
     def __init__(self, link: _Link, engine: InlineEngine, name: str) -> None:
         self.link = link
         self.engine = engine
-        self.turn_waiter = _TurnWaiter(engine, f"{name}-turn")
-        self.pending: collections.deque[_Job[Any]] = collections.deque()
+        self.turn_waiter = TurnWaiter(engine, f"{name}-turn")
+        self.pending: collections.deque[Job[Any]] = collections.deque()
         self.scheduled = False  # a drain is due on the loop
         self.closing = False
         self.paused = False  # tests only: jobs wait until resumed
-
-
-class _Flusher:
-    """Answers an inline writer's batches once they are durable.
-
-    The batch commits on the event loop without waiting for the disk; this
-    thread then makes every commit so far durable with one sync and only
-    then settles the callers of all the batches it covered. The loop goes on
-    serving (and committing the next batches) meanwhile, and one sync covers
-    whatever committed while the last one ran: group commit, with the write
-    lock held only while statements run, never across a disk flush."""
-
-    def __init__(
-        self,
-        sync: Callable[[], None],
-        deliver: Callable[[list[_Outcome], list[Any]], None],
-        name: str,
-    ) -> None:
-        self._sync = sync
-        self._deliver = deliver
-        self._ready = threading.Condition(threading.Lock())
-        self._committed: list[tuple[list[_Outcome], list[Any]]] = []
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def put(self, outcomes: list[_Outcome], events: list[Any]) -> None:
-        with self._ready:
-            if not self._stopping:
-                self._committed.append((outcomes, events))
-                self._ready.notify()
-                return
-        # A read that finished while the store closed: answered here, once synced.
-        self._flush([(outcomes, events)])
-
-    def stop(self) -> None:
-        with self._ready:
-            self._stopping = True
-            self._ready.notify()
-        self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        while True:
-            with self._ready:
-                while not self._committed and not self._stopping:
-                    self._ready.wait()
-                if not self._committed:
-                    return
-                taken, self._committed = self._committed, []
-            self._flush(taken)
-
-    def _flush(self, taken: list[tuple[list[_Outcome], list[Any]]]) -> None:
-        """Sync, then answer everything in `taken` (or fail it, unsynced)."""
-        failure: StoreUnavailable | None = None
-        try:
-            self._sync()
-        except StoreUnavailable as exc:
-            failure = exc
-        except Exception as exc:  # noqa: BLE001 - the thread must survive anything
-            _log.exception("making the store durable failed unexpectedly")
-            failure = StoreUnavailable(f"The store failed: {exc}.")
-        outcomes: list[_Outcome] = []
-        events: list[Any] = []
-        for done, published in taken:
-            if failure is None:
-                outcomes.extend(done)
-                events.extend(published)
-            else:
-                # Not durable, so not acknowledged: whether it happened is unknown.
-                outcomes.extend((job, None, failure) for job, _, _ in done)
-        self._deliver(outcomes, events)
 
 
 def test_hooks_enabled() -> bool:
@@ -653,10 +433,10 @@ class BatchWriter:
         self._publish = publish
         self._name = name
         self._connections = max(1, connections)
-        self._jobs = _Jobs()
+        self._jobs = JobLines()
         self._threads: list[threading.Thread] = []
         self._inline: _Inline | None = None
-        self._flusher: _Flusher | None = None
+        self._flusher: Flusher | None = None
         # An inline writer whose flusher also answers this reader: what a read
         # saw may have committed but not reached the disk yet.
         self._durable_by: BatchWriter | None = None
@@ -675,10 +455,10 @@ class BatchWriter:
             # threads of their own, so a read never waits for a write batch.
             engine = cast(InlineEngine, self._engine)
             self._inline = _Inline(_Link(engine.connect()), engine, f"fencepost-{self._name}")
-            self._flusher = _Flusher(engine.sync, self._deliver, f"fencepost-{self._name}-sync")
+            self._flusher = Flusher(engine.sync, self._deliver, f"fencepost-{self._name}-sync")
             return
         links = [_Link(self._engine.connect()) for _ in range(self._connections)]
-        self._jobs = _Jobs()
+        self._jobs = JobLines()
         self._threads = [
             threading.Thread(
                 target=self._run, args=(link,), name=f"fencepost-{self._name}-{i}", daemon=True
@@ -718,7 +498,7 @@ class BatchWriter:
 
     @property
     def inline(self) -> bool:
-        """Whether batches run on the event loop that submits them (see _Flusher)."""
+        """Whether batches run on the event loop that submits them (see store/inline.py)."""
         return self._inline is not None
 
     def hold_for_tests(
@@ -773,7 +553,7 @@ class BatchWriter:
             raise StoreUnavailable("The store is closed.")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        job = _Job(fn, future, loop, steps, current_origin(), keys)
+        job = Job(fn, future, loop, steps, current_origin(), keys)
         if inline is None:
             self._jobs.put(job)
         else:
@@ -845,7 +625,7 @@ class BatchWriter:
             link.generation = self._generation
         return link.conn
 
-    def _run_batch(self, link: _Link, batch: list[_Job[Any]], keys: set[Key]) -> None:
+    def _run_batch(self, link: _Link, batch: list[Job[Any]], keys: set[Key]) -> None:
         started = time.perf_counter()
         failed = False
         replayed = False
@@ -897,11 +677,11 @@ class BatchWriter:
     def _run_in_transaction(
         self,
         conn: Any,
-        batch: list[_Job[Any]],
+        batch: list[Job[Any]],
         keys: set[Key],
         numbers: list[int],
         isolated: bool,
-    ) -> tuple[list[_Outcome], list[Any]] | None:
+    ) -> tuple[list[JobResult], list[Any]] | None:
         """Begin the batch transaction, holding `keys` (their `numbers`,
         sorted), run the batch's operations in it, write what they gathered
         and commit. Unless `isolated`, give up (None, the transaction to be
@@ -956,8 +736,8 @@ class BatchWriter:
             self._engine.commit(conn, events)
 
     def _in_turn(
-        self, conn: Any, batch: list[_Job[Any]], clock: Callable[[], int], shared: Batch
-    ) -> list[tuple[_Job[Any], Any, Tx]]:
+        self, conn: Any, batch: list[Job[Any]], clock: Callable[[], int], shared: Batch
+    ) -> list[tuple[Job[Any], Any, Tx]]:
         """Run each operation whole, in batch order; raise what any raises."""
         done = []
         for job in batch:
@@ -966,14 +746,14 @@ class BatchWriter:
         return done
 
     def _in_steps(
-        self, conn: Any, batch: list[_Job[Any]], clock: Callable[[], int], shared: Batch
-    ) -> list[tuple[_Job[Any], Any, Tx]]:
+        self, conn: Any, batch: list[Job[Any]], clock: Callable[[], int], shared: Batch
+    ) -> list[tuple[Job[Any], Any, Tx]]:
         """Send every step operation's first statement in a pipeline (plain
         operations run whole in their turn, outside it), then read each answer
         in batch order, then run each undecided one's general case in batch
         order; raise what any operation raises."""
         # (job, tx, its Step while undecided, else its result)
-        runs: list[tuple[_Job[Any], Tx, Any]] = []
+        runs: list[tuple[Job[Any], Tx, Any]] = []
         with contextlib.ExitStack() as pipeline:
             piped = False
             for job in batch:
@@ -999,12 +779,12 @@ class BatchWriter:
         return [(job, result, tx) for job, tx, result in runs]
 
     def _isolated(
-        self, conn: Any, batch: list[_Job[Any]], clock: Callable[[], int], shared: Batch
-    ) -> tuple[list[_Outcome], list[Any]]:
+        self, conn: Any, batch: list[Job[Any]], clock: Callable[[], int], shared: Batch
+    ) -> tuple[list[JobResult], list[Any]]:
         """Run each operation whole, in batch order, in a savepoint of its own:
         one that raises or is refused has its writes undone and its error
         delivered, and the others go on."""
-        outcomes: list[_Outcome] = []
+        outcomes: list[JobResult] = []
         events: list[Any] = []
         for job in batch:
             tx = Tx(self._engine, conn, clock(), [], shared, job.origin)
@@ -1037,8 +817,8 @@ class BatchWriter:
         if self._engine.broken(conn):
             self._close(link)
 
-    def _deliver(self, outcomes: list[_Outcome], events: list[Any]) -> None:
-        by_loop: dict[asyncio.AbstractEventLoop, list[_Outcome]] = {}
+    def _deliver(self, outcomes: list[JobResult], events: list[Any]) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list[JobResult]] = {}
         for outcome in outcomes:
             by_loop.setdefault(outcome[0].loop, []).append(outcome)
         for loop, done in by_loop.items():
@@ -1050,7 +830,7 @@ class BatchWriter:
 
 
 def _settle(
-    done: list[_Outcome],
+    done: list[JobResult],
     events: list[Any],
     publish: Callable[[list[Any]], None],
 ) -> None:
