@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-import threading
 import time
 from typing import Callable
 
+from fencepost.store.background import Background
 from fencepost.store.writer_turn import WriterTurn
 
 _log = logging.getLogger(__name__)
@@ -30,35 +30,20 @@ _log = logging.getLogger(__name__)
 CHECKPOINT_EVERY_S = 0.5
 
 
-class Checkpointer:
+class Checkpointer(Background):
     def __init__(self, path: str, connect: Callable[[], sqlite3.Connection]) -> None:
+        super().__init__("fencepost-checkpoint")
         self._path = path
         self._connect = connect
-        self._ready = threading.Condition(threading.Lock())
         self._due = False
-        self._stopping = False
-        self._thread: threading.Thread | None = None
         self.restarts = 0  # checkpoints that copied everything and restarted the WAL
 
     def nudge(self) -> None:
         """Something was written: checkpoint soon (called after each sync)."""
         with self._ready:
-            if self._stopping:
-                return
-            self._due = True
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="fencepost-checkpoint", daemon=True)
-                self._thread.start()
-            self._ready.notify()
-
-    def stop(self) -> None:
-        with self._ready:
-            self._stopping = True
-            self._ready.notify()
-            thread = self._thread
-        if thread is not None:
-            thread.join(timeout=10)
+            if not self._stopping:
+                self._due = True
+                self._wake()
 
     def _run(self) -> None:
         turn = WriterTurn(self._path)

@@ -41,18 +41,20 @@ class FileGuard:
             return self._lost
         with self._lock:
             reason = self._compare()
-            if reason is not None and self._lost is None:
-                self._lost = reason
-                # One line in the server's log, once: the operator must act.
-                _log.error("store lost: %s; refusing requests until restarted", reason)
+            if reason is not None:
+                self._mark(reason)
             return self._lost
 
     def fail(self, reason: str) -> None:
         """Mark the store lost for `reason` (a write the disk refused)."""
         with self._lock:
-            if self._lost is None:
-                self._lost = reason
-                _log.error("store lost: %s; refusing requests until restarted", reason)
+            self._mark(reason)
+
+    def _mark(self, reason: str) -> None:
+        if self._lost is None:
+            self._lost = reason
+            # One line in the server's log, once: the operator must act.
+            _log.error("store lost: %s; refusing requests until restarted", reason)
 
     def _compare(self) -> str | None:
         for suffix in _COMPANIONS:

@@ -6,10 +6,10 @@ another process's turn at the write lock."""
 from __future__ import annotations
 
 import logging
-import threading
 from typing import TYPE_CHECKING, Any, Callable
 
 from fencepost.errors import StoreUnavailable
+from fencepost.store.background import Background
 
 if TYPE_CHECKING:
     from fencepost.store.batch import InlineEngine, JobResult
@@ -17,33 +17,20 @@ if TYPE_CHECKING:
 _log = logging.getLogger(__name__)
 
 
-class TurnWaiter:
+class TurnWaiter(Background):
     """A thread that waits for an inline engine's turn to write, so that the
     event loop does not, and then says so."""
 
     def __init__(self, engine: InlineEngine, name: str) -> None:
+        super().__init__(name)
         self._engine = engine
-        self._name = name
-        self._ready = threading.Condition(threading.Lock())
         self._then: Callable[[], object] | None = None
-        self._stopping = False
-        self._thread: threading.Thread | None = None
 
     def wait(self, then: Callable[[], object]) -> None:
         """Take the turn on the waiter's thread, then call `then` there."""
         with self._ready:
             self._then = then
-            if self._thread is None:  # started at the first wait: one process alone never waits
-                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-                self._thread.start()
-            self._ready.notify()
-
-    def stop(self) -> None:
-        with self._ready:
-            self._stopping = True
-            self._ready.notify()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+            self._wake()  # started at the first wait: one process alone never waits
 
     def _run(self) -> None:
         while True:
@@ -63,7 +50,7 @@ class TurnWaiter:
                 self._engine.give_turn()  # the loop is closed: nobody will write
 
 
-class Flusher:
+class Flusher(Background):
     """Answers an inline writer's batches once they are durable.
 
     The batch commits on the event loop without waiting for the disk; this
@@ -79,28 +66,19 @@ class Flusher:
         deliver: Callable[[list[JobResult], list[Any]], None],
         name: str,
     ) -> None:
+        super().__init__(name)
         self._sync = sync
         self._deliver = deliver
-        self._ready = threading.Condition(threading.Lock())
         self._committed: list[tuple[list[JobResult], list[Any]]] = []
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
 
     def put(self, outcomes: list[JobResult], events: list[Any]) -> None:
         with self._ready:
             if not self._stopping:
                 self._committed.append((outcomes, events))
-                self._ready.notify()
+                self._wake()
                 return
         # A read that finished while the store closed: answered here, once synced.
         self._flush([(outcomes, events)])
-
-    def stop(self) -> None:
-        with self._ready:
-            self._stopping = True
-            self._ready.notify()
-        self._thread.join(timeout=10)
 
     def _run(self) -> None:
         while True:
