@@ -838,6 +838,28 @@ async def test_idle_connection_is_closed_after_the_keep_alive_timeout(
         await stop(s)
 
 
+async def test_each_answer_moves_the_keep_alive_timeout_on(
+    app: App, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A connection busy with requests a little more often than the timeout
+    outlives several timeouts, and is closed no sooner than a whole timeout
+    after its last answer (the one armed timer is moved on, not obeyed)."""
+    monkeypatch.setattr(wire, "KEEP_ALIVE_S", 0.3)
+    s = await start(app)
+    try:
+        c = await s.client()
+        loop = asyncio.get_running_loop()
+        started = last_answer = loop.time()
+        while last_answer - started < 4 * wire.KEEP_ALIVE_S:
+            await asyncio.sleep(wire.KEEP_ALIVE_S / 3)
+            assert (await c.request(request_bytes("GET", "/healthz"))).status == 200
+            last_answer = loop.time()
+        assert await c.closed_by_server()
+        assert loop.time() - last_answer >= wire.KEEP_ALIVE_S
+    finally:
+        await stop(s)
+
+
 async def test_half_sent_request_is_dropped_at_the_keep_alive_timeout(
     app: App, monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -184,6 +184,10 @@ class Engine(Protocol):
     # in-process database, whose statements are calls, not round trips): such
     # an engine is an InlineEngine.
     inline: bool
+    # Whether `begin` and `claim` lock the batch's keys one by one (their
+    # Key.number); False: a write transaction holds the whole database, and
+    # the numbers are not worth computing.
+    locks_keys: bool
 
     def fatal(self, exc: BaseException) -> bool: ...
 
@@ -629,7 +633,7 @@ class BatchWriter:
         started = time.perf_counter()
         failed = False
         replayed = False
-        numbers = sorted({key.number for key in keys})
+        numbers = sorted({key.number for key in keys}) if self._engine.locks_keys else []
         try:
             conn = self._connection(link)
             # Optimistic first: no savepoints (two statements fewer per

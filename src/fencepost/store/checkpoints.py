@@ -40,6 +40,12 @@ class Checkpointer(Background):
 
     def nudge(self) -> None:
         """Something was written: checkpoint soon (called after each sync)."""
+        if self._due:
+            # Already due: the thread's timed wait will come to it. Waking it
+            # at every sync only made it count down again (a thread switch
+            # per batch). Read without the lock: the thread clears `_due`
+            # before it copies, so a write seen as due here is in that copy.
+            return
         with self._ready:
             if not self._stopping:
                 self._due = True

@@ -145,6 +145,7 @@ class PostgresEngine:
     errors: tuple[type[BaseException], ...] = (psycopg.Error,)
     pipelines = True
     inline = False  # statements are round trips: batches run on writer threads
+    locks_keys = True  # advisory locks, one per key
     token_sequence: str | None = TOKEN_SEQUENCE
     ticket_sequence: str | None = TICKET_SEQUENCE
     stale_together = True

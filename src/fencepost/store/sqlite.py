@@ -45,6 +45,7 @@ class SqliteEngine:
     # the disk; `sync` (on the writer's flusher thread) makes them durable
     # before anyone is answered.
     inline = True
+    locks_keys = False  # BEGIN IMMEDIATE holds the whole file
     # Batches are serialised whole (BEGIN IMMEDIATE): the counter row is enough.
     token_sequence: str | None = None
     ticket_sequence: str | None = None
