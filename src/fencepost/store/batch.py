@@ -115,6 +115,7 @@ from typing import (
 from fencepost.errors import StoreUnavailable
 from fencepost.events import current_origin
 from fencepost.store.inline import Flusher, TurnWaiter
+from fencepost.store.together import Gathering, Together
 from fencepost.store.writer_lines import MAX_BATCH, JobLines
 
 _log = logging.getLogger(__name__)
@@ -344,9 +345,19 @@ class Tx:
     batch: Batch = field(default_factory=Batch)
     # Who asked (fencepost.events.Origin), for the events the operation reports.
     origin: Any = None
+    # While a step operation sends its first statements in a batch that
+    # gathers them (together.py): where its Together statements go.
+    gather: Gathering | None = None
 
     def execute(self, sql: str, params: tuple[Any, ...] = ()) -> Cursor:
         return self.engine.execute(self.conn, sql, params)
+
+    def send(self, together: Together, params: tuple[Any, ...]) -> Cursor:
+        """A first statement that may go out as one with the like statements
+        of the batch's other operations (together.py); else it runs alone."""
+        if self.gather is None:
+            return self.engine.execute(self.conn, together.single, params)
+        return self.gather.add(together, params)
 
     def claim(self, keys: Iterable[Key]) -> list[Key]:
         """Those of `keys` this transaction now holds (see the module
@@ -758,6 +769,10 @@ class BatchWriter:
         order; raise what any operation raises."""
         # (job, tx, its Step while undecided, else its result)
         runs: list[tuple[Job[Any], Tx, Any]] = []
+        # Keys of one operation only: those operations' Together statements
+        # go out gathered (together.py).
+        uses = collections.Counter(key for job in batch for key in job.keys)
+        gathering = Gathering()
         with contextlib.ExitStack() as pipeline:
             piped = False
             for job in batch:
@@ -766,9 +781,16 @@ class BatchWriter:
                     if job.steps:
                         pipeline.enter_context(self._engine.pipeline(conn))
                     else:
+                        gathering.send(self._engine, conn)  # before this one runs
                         pipeline.close()
                     piped = job.steps
-                runs.append((job, tx, job.fn(tx)))
+                if job.steps and job.keys and all(uses[key] == 1 for key in job.keys):
+                    tx.gather = gathering
+                    runs.append((job, tx, job.fn(tx)))
+                    tx.gather = None
+                else:
+                    runs.append((job, tx, job.fn(tx)))
+            gathering.send(self._engine, conn)
         undecided: list[int] = []
         for index, (job, tx, produced) in enumerate(runs):
             if job.steps:

@@ -52,6 +52,7 @@ from fencepost.store.sql.bounded import delete_oldest_claimed
 from fencepost.store.sql.known_leases import KnownLeases
 from fencepost.store.sql.replicas import Place
 from fencepost.store.sql.rows import columns, width
+from fencepost.store.together import Together
 
 
 class _LeaseRow(NamedTuple):
@@ -125,6 +126,60 @@ _IF_SHARABLE = (
     "AND NOT EXISTS (SELECT 1 FROM locks WHERE project = ? AND key = ? "
     "AND (mode <> 'shared' OR dies_ms <= ?)) "
     "ON CONFLICT (project, key, lock_token) DO NOTHING"
+)
+
+
+# The array type of each parameter of the guarded exclusive insert that draws
+# its token: the lease's values without the token, then the free-lock test's.
+_FREE_INSERT_TYPES = (
+    "text", "text", "text", "bigint", "bigint", "bigint", "bigint", "text", "text", "text",
+    "text", "bigint", "text", "text",
+    "text", "text", "bigint", "text", "text", "bigint", "text", "text",
+)
+_FREE_INSERT_NAMES = (
+    "project", "key", "lock_token", "acquired_ms", "expires_ms", "deadline_ms", "dies_ms",
+    "operation", "metadata", "on_expiry", "key_id", "lock_delay_ms", "mode", "session_id",
+    "w_project", "w_key", "w_now", "d_project", "d_key", "d_now", "l_project", "l_key",
+)
+
+
+def _unnest(types: Sequence[str], names: Sequence[str]) -> str:
+    """`x`: one row per gathered operation (together.py), numbered `n`."""
+    arrays = ", ".join(f"?::{kind}[]" for kind in types)
+    return f"unnest({arrays}) WITH ORDINALITY AS x({', '.join(names)}, n)"
+
+
+@lru_cache(maxsize=4)
+def _free_insert(token_sql: str) -> Together:
+    """The hot path's exclusive insert that draws its token, for one acquire
+    or for several of a batch: the same test per row, and the token drawn
+    only for the rows it inserts."""
+    lease_names = [name for name in _LEASE_VALUES.split(", ") if name != "fencing_token"]
+    chosen = [f"x.{name}" for name in lease_names]
+    chosen.insert(3, token_sql)
+    many = (
+        f"WITH x AS (SELECT * FROM {_unnest(_FREE_INSERT_TYPES, _FREE_INSERT_NAMES)}), "
+        f"granted AS (INSERT INTO locks ({_LEASE_VALUES}) SELECT {', '.join(chosen)} FROM x "
+        "WHERE NOT EXISTS (SELECT 1 FROM lock_waiters w WHERE w.project = x.w_project "
+        "AND w.key = x.w_key AND w.alive_until_ms > x.w_now) "
+        "AND NOT EXISTS (SELECT 1 FROM lock_delays d WHERE d.project = x.d_project "
+        "AND d.key = x.d_key AND d.until_ms > x.d_now) "
+        "AND NOT EXISTS (SELECT 1 FROM locks l WHERE l.project = x.l_project "
+        "AND l.key = x.l_key) "
+        "ON CONFLICT (project, key, lock_token) DO NOTHING "
+        "RETURNING project, key, lock_token, fencing_token) "
+        "SELECT x.n, granted.fencing_token FROM granted JOIN x ON granted.project = x.project "
+        "AND granted.key = x.key AND granted.lock_token = x.lock_token"
+    )
+    return Together(_insert_if(_IF_FREE, token_sql), many)
+
+
+_RELEASE = Together(
+    f"DELETE FROM locks WHERE project = ? AND key = ? AND lock_token = ? "
+    f"RETURNING {_LEASE_COLUMNS}",
+    f"DELETE FROM locks l USING {_unnest(['text'] * 3, ['project', 'key', 'lock_token'])} "
+    "WHERE l.project = x.project AND l.key = x.key AND l.lock_token = x.lock_token "
+    f"RETURNING x.n, {columns(_LeaseRow, 'l')}",
 )
 
 
@@ -359,6 +414,8 @@ def acquire(
     free = (project, key, tx.now_ms, project, key, tx.now_ms, project, key)
     if request.mode is Mode.SHARED:
         sent = tx.execute(_insert_if(_IF_SHARABLE, token_sql), (*values, *free, tx.now_ms))
+    elif token_sql is not None:
+        sent = tx.send(_free_insert(token_sql), (*values, *free))
     else:
         sent = tx.execute(_insert_if(_IF_FREE, token_sql), (*values, *free))
 
@@ -573,11 +630,7 @@ def release(
 ) -> Step[bool]:
     """A step operation decided by its first statement: the token's own lease
     ends, whatever other (shared) leases the lock has."""
-    sent = tx.execute(
-        f"DELETE FROM locks WHERE project = ? AND key = ? AND lock_token = ? "
-        f"RETURNING {_LEASE_COLUMNS}",
-        (project, key, lock_token),
-    )
+    sent = tx.send(_RELEASE, (project, key, lock_token))
 
     def answer() -> bool:
         row = sent.fetchone()

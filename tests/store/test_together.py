@@ -1,0 +1,172 @@
+"""Like first statements sent as one (store/together.py): acquires of free locks
+and releases that share a batch go out as one statement on PostgreSQL, and
+decide exactly what each would alone. The rules hold on every backend; the
+statement counts are PostgreSQL's (SQLite runs each operation whole)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from fencepost.core.leases import AcquireRequest, Busy, Granted
+from fencepost.store.batch import NO_KEYS, Tx
+from fencepost.store.sql import locks
+from fencepost.store.sqlite import SqliteStore
+from fencepost.store.together import Together
+from pg_support import migrated_database
+
+from .store_support import P, grant, token
+from .wire_trace import count_round_trips, summary, wire_trace
+
+
+def _acquire(store: Any, key: str, tok: str) -> Any:
+    return store.acquire_lock(P, key, AcquireRequest(tok, 30), wait_alive_ms=None)
+
+
+def _watch(store: Any) -> tuple[list[int], list[bool]]:
+    sizes: list[int] = []
+    replays: list[bool] = []
+
+    def observe(writer: bool, size: int, seconds: float, failed: bool, replayed: bool) -> None:
+        if writer:
+            sizes.append(size)
+            replays.append(replayed)
+
+    store.watch_batches(observe)
+    return sizes, replays
+
+
+async def test_a_batch_of_fresh_acquires_and_releases_sends_few_statements(store):
+    if isinstance(store, SqliteStore):
+        pytest.skip("SQLite's statements are calls in this process, not round trips")
+    keys = [f"fresh-{i}" for i in range(30)]
+    tokens = [token() for _ in keys]
+    sizes, _ = _watch(store)
+    with wire_trace(store) as lines:
+        results = await asyncio.gather(
+            *(_acquire(store, k, t) for k, t in zip(keys, tokens, strict=True)))
+    acquired, _ = count_round_trips(lines)
+    # One gathered insert per batch, besides each batch's begin and commit.
+    assert acquired <= 4 * len(sizes) < len(keys), summary(lines)
+    granted = [r.outcome for r in results]
+    assert all(isinstance(g, Granted) and g.created for g in granted)
+    fencing = [g.lease.fencing_token for g in granted]
+    assert len(set(fencing)) == len(fencing)
+    for key, tok, g in zip(keys, tokens, granted, strict=True):
+        view = await store.get_lock(P, key)
+        assert view.lease is not None and view.lease.lock_token == tok
+        assert view.lease.fencing_token == g.lease.fencing_token
+
+    sizes.clear()
+    with wire_trace(store) as lines:
+        released = await asyncio.gather(
+            *(store.release_lock(P, k, t) for k, t in zip(keys, tokens, strict=True)))
+    assert released == [True] * len(keys)
+    statements, _ = count_round_trips(lines)
+    # The releases, the reasons they gathered, begin and commit.
+    assert statements <= 8 * len(sizes) < len(keys), summary(lines)
+    for key in keys:
+        assert (await store.get_lock(P, key)).lease is None
+
+
+async def test_two_acquires_of_one_lock_in_a_batch_keep_their_order(store):
+    first, second = token(), token()
+    results = await asyncio.gather(
+        *(grant(store, f"other-{i}") for i in range(10)),
+        _acquire(store, "contested", first),
+        *(grant(store, f"more-{i}") for i in range(10)),
+        _acquire(store, "contested", second),
+    )
+    won, lost = results[10].outcome, results[21].outcome
+    assert isinstance(won, Granted) and won.lease.lock_token == first
+    assert isinstance(lost, Busy)
+    view = await store.get_lock(P, "contested")
+    assert view.lease is not None and view.lease.lock_token == first
+
+
+async def test_a_release_and_the_next_acquire_in_one_batch(store):
+    holder, successor = token(), token()
+    held = await grant(store, "handed", holder)
+    released, *_, taken = await asyncio.gather(
+        store.release_lock(P, "handed", holder),
+        *(grant(store, f"beside-{i}") for i in range(10)),
+        _acquire(store, "handed", successor),
+    )
+    assert released is True
+    assert isinstance(taken.outcome, Granted)
+    assert taken.outcome.lease.fencing_token > held.fencing_token
+    view = await store.get_lock(P, "handed")
+    assert view.lease is not None and view.lease.lock_token == successor
+
+
+async def test_gathered_acquires_of_held_locks_are_refused_and_change_nothing(store):
+    holders = {f"held-{i}": await grant(store, f"held-{i}") for i in range(5)}
+    free = [f"free-{i}" for i in range(5)]
+    results = await asyncio.gather(
+        *(_acquire(store, key, token()) for key in holders),
+        *(_acquire(store, key, token()) for key in free),
+    )
+    assert all(isinstance(r.outcome, Busy) for r in results[:5])
+    assert all(isinstance(r.outcome, Granted) for r in results[5:])
+    for key, lease in holders.items():
+        assert (await store.get_lock(P, key)).lease == lease
+    released = await asyncio.gather(
+        *(store.release_lock(P, key, token()) for key in holders),  # not their tokens
+        *(store.release_lock(P, key, lease.lock_token) for key, lease in holders.items()),
+    )
+    assert released == [False] * 5 + [True] * 5
+
+
+async def test_an_operation_run_in_its_turn_sees_the_gathered_writes_before_it(
+    store, tmp_path, clock
+):
+    """A plain operation behind gathered acquires in one batch reads their
+    grants: the gathered statement went out before it ran. (A writer of one
+    connection, so that the plain operation cannot run in a batch of its own
+    beside theirs.)"""
+    if not isinstance(store, SqliteStore):
+        from fencepost.store.postgresql import PostgresStore
+
+        with migrated_database() as url:
+            one = PostgresStore(url, clock_ms=clock, writers=1)
+            await one.open()
+            try:
+                await _plain_after_gathered(one)
+            finally:
+                await one.close()
+        return
+    await _plain_after_gathered(store)
+
+
+async def _plain_after_gathered(store: Any) -> None:
+    keys = [f"seen-{i}" for i in range(6)]
+
+    def holders(tx: Tx) -> list[str]:
+        rows = tx.execute(
+            "SELECT key FROM locks WHERE project = ? AND key LIKE ? ORDER BY key", (P, "seen-%")
+        ).fetchall()
+        return [row[0] for row in rows]
+
+    *granted, seen = await asyncio.gather(
+        *(grant(store, key) for key in keys), store._writer.run(holders, NO_KEYS)
+    )
+    assert len(granted) == len(keys)
+    assert seen == sorted(keys)
+
+
+async def test_a_gathered_statement_that_fails_replays_the_batch(store, monkeypatch):
+    if isinstance(store, SqliteStore):
+        pytest.skip("SQLite runs each operation whole: nothing is gathered")
+    tokens = [token() for _ in range(12)]
+    await asyncio.gather(*(grant(store, f"fail-{i}", t) for i, t in enumerate(tokens)))
+    broken = Together(locks._RELEASE.single, "SELECT no_such_column FROM locks")
+    monkeypatch.setattr(locks, "_RELEASE", broken)
+    _, replays = _watch(store)
+    released = await asyncio.gather(
+        *(store.release_lock(P, f"fail-{i}", t) for i, t in enumerate(tokens)))
+    assert released == [True] * len(tokens)
+    assert any(replays)  # the gathered statement failed, and each ran alone
+    for i in range(len(tokens)):
+        assert (await store.get_lock(P, f"fail-{i}")).lease is None
