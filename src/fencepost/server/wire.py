@@ -373,7 +373,7 @@ class HttpConnection(asyncio.Protocol):
             self._body.append(chunk)
 
     def on_message_complete(self) -> None:
-        self._cancel_idle()  # only a whole request counts as activity
+        self._not_idle()  # only a whole request counts as activity
         self._partial = False
         if self._read_deadline is not None:
             self._read_deadline.cancel()
@@ -541,7 +541,7 @@ class HttpConnection(asyncio.Protocol):
         if self._idle_timer is None:
             self._idle_timer = self._loop.call_later(KEEP_ALIVE_S, self._idle_timeout)
 
-    def _cancel_idle(self) -> None:
+    def _not_idle(self) -> None:
         """Not idle (a request is being served): the armed timer finds that
         when it fires, and waits for the next idle spell."""
         self._idle_since = None

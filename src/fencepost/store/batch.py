@@ -784,12 +784,10 @@ class BatchWriter:
                         gathering.send(self._engine, conn)  # before this one runs
                         pipeline.close()
                     piped = job.steps
-                if job.steps and job.keys and all(uses[key] == 1 for key in job.keys):
-                    tx.gather = gathering
-                    runs.append((job, tx, job.fn(tx)))
-                    tx.gather = None
-                else:
-                    runs.append((job, tx, job.fn(tx)))
+                alone = job.steps and job.keys and all(uses[key] == 1 for key in job.keys)
+                tx.gather = gathering if alone else None
+                runs.append((job, tx, job.fn(tx)))
+                tx.gather = None  # its answer and general case run their statements alone
             gathering.send(self._engine, conn)
         undecided: list[int] = []
         for index, (job, tx, produced) in enumerate(runs):

@@ -76,17 +76,15 @@ class _Answer:
 class _Group:
     """The gathered operations of one Together, and its cursor once sent."""
 
-    __slots__ = ("params", "_cursor", "_rows", "_alone")
+    __slots__ = ("params", "_cursor", "_rows")
 
     def __init__(self) -> None:
         self.params: list[tuple[Any, ...]] = []
         self._cursor: Cursor | None = None
         self._rows: dict[int, tuple[Any, ...]] | None = None
-        self._alone = False  # sent as `single`: the cursor is the one answer's
 
     def send(self, engine: Engine, conn: Any, together: Together) -> None:
-        if len(self.params) == 1:
-            self._alone = True
+        if len(self.params) == 1:  # alone: its own statement, already prepared
             self._cursor = engine.execute(conn, together.single, self.params[0])
             return
         columns = tuple(list(values) for values in zip(*self.params, strict=True))
@@ -94,13 +92,12 @@ class _Group:
 
     def row(self, place: int) -> Any:
         assert self._cursor is not None, "read before the gathered statement was sent"
-        if self._alone:
-            if self._rows is None:
-                row = self._cursor.fetchone()
-                self._rows = {} if row is None else {1: tuple(row)}
-            return self._rows.get(1)
         if self._rows is None:
-            self._rows = {int(row[0]): tuple(row[1:]) for row in self._cursor.fetchall()}
+            rows = self._cursor.fetchall()
+            if len(self.params) == 1:  # `single`'s rows carry no place
+                self._rows = {1: tuple(rows[0])} if rows else {}
+            else:
+                self._rows = {int(row[0]): tuple(row[1:]) for row in rows}
         return self._rows.get(place)
 
 

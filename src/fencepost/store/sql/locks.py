@@ -129,24 +129,25 @@ _IF_SHARABLE = (
 )
 
 
-# The array type of each parameter of the guarded exclusive insert that draws
-# its token: the lease's values without the token, then the free-lock test's.
-_FREE_INSERT_TYPES = (
-    "text", "text", "text", "bigint", "bigint", "bigint", "bigint", "text", "text", "text",
-    "text", "bigint", "text", "text",
-    "text", "text", "bigint", "text", "text", "bigint", "text", "text",
-)
-_FREE_INSERT_NAMES = (
-    "project", "key", "lock_token", "acquired_ms", "expires_ms", "deadline_ms", "dies_ms",
-    "operation", "metadata", "on_expiry", "key_id", "lock_delay_ms", "mode", "session_id",
-    "w_project", "w_key", "w_now", "d_project", "d_key", "d_now", "l_project", "l_key",
+# The parameters of the guarded exclusive insert that draws its token, with
+# their types (as arrays, when gathered): the lease's values without the
+# token, then the free-lock test's.
+_FREE_INSERT_PARAMS = (
+    ("project", "text"), ("key", "text"), ("lock_token", "text"), ("acquired_ms", "bigint"),
+    ("expires_ms", "bigint"), ("deadline_ms", "bigint"), ("dies_ms", "bigint"),
+    ("operation", "text"), ("metadata", "text"), ("on_expiry", "text"), ("key_id", "text"),
+    ("lock_delay_ms", "bigint"), ("mode", "text"), ("session_id", "text"),
+    ("w_project", "text"), ("w_key", "text"), ("w_now", "bigint"),
+    ("d_project", "text"), ("d_key", "text"), ("d_now", "bigint"),
+    ("l_project", "text"), ("l_key", "text"),
 )
 
 
-def _unnest(types: Sequence[str], names: Sequence[str]) -> str:
-    """`x`: one row per gathered operation (together.py), numbered `n`."""
-    arrays = ", ".join(f"?::{kind}[]" for kind in types)
-    return f"unnest({arrays}) WITH ORDINALITY AS x({', '.join(names)}, n)"
+def _unnest(params: Sequence[tuple[str, str]]) -> str:
+    """`x`: one row per gathered operation (together.py), numbered `n`, of
+    the (name, type) `params`."""
+    arrays = ", ".join(f"?::{kind}[]" for _, kind in params)
+    return f"unnest({arrays}) WITH ORDINALITY AS x({', '.join(n for n, _ in params)}, n)"
 
 
 @lru_cache(maxsize=4)
@@ -154,11 +155,10 @@ def _free_insert(token_sql: str) -> Together:
     """The hot path's exclusive insert that draws its token, for one acquire
     or for several of a batch: the same test per row, and the token drawn
     only for the rows it inserts."""
-    lease_names = [name for name in _LEASE_VALUES.split(", ") if name != "fencing_token"]
-    chosen = [f"x.{name}" for name in lease_names]
-    chosen.insert(3, token_sql)
+    chosen = [token_sql if name == "fencing_token" else f"x.{name}"
+              for name in _LEASE_VALUES.split(", ")]
     many = (
-        f"WITH x AS (SELECT * FROM {_unnest(_FREE_INSERT_TYPES, _FREE_INSERT_NAMES)}), "
+        f"WITH x AS (SELECT * FROM {_unnest(_FREE_INSERT_PARAMS)}), "
         f"granted AS (INSERT INTO locks ({_LEASE_VALUES}) SELECT {', '.join(chosen)} FROM x "
         "WHERE NOT EXISTS (SELECT 1 FROM lock_waiters w WHERE w.project = x.w_project "
         "AND w.key = x.w_key AND w.alive_until_ms > x.w_now) "
@@ -174,10 +174,11 @@ def _free_insert(token_sql: str) -> Together:
     return Together(_insert_if(_IF_FREE, token_sql), many)
 
 
+_RELEASE_PARAMS = (("project", "text"), ("key", "text"), ("lock_token", "text"))
 _RELEASE = Together(
     f"DELETE FROM locks WHERE project = ? AND key = ? AND lock_token = ? "
     f"RETURNING {_LEASE_COLUMNS}",
-    f"DELETE FROM locks l USING {_unnest(['text'] * 3, ['project', 'key', 'lock_token'])} "
+    f"DELETE FROM locks l USING {_unnest(_RELEASE_PARAMS)} "
     "WHERE l.project = x.project AND l.key = x.key AND l.lock_token = x.lock_token "
     f"RETURNING x.n, {columns(_LeaseRow, 'l')}",
 )
