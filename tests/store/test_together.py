@@ -1,5 +1,5 @@
-"""Like first statements sent as one (store/together.py): acquires of free locks
-and releases that share a batch go out as one statement on PostgreSQL, and
+"""Like first statements sent as one (store/together.py): acquires of free locks,
+renewals and releases that share a batch go out as one statement on PostgreSQL, and
 decide exactly what each would alone. The rules hold on every backend; the
 statement counts are PostgreSQL's (SQLite runs each operation whole)."""
 
@@ -11,12 +11,14 @@ from typing import Any
 import pytest
 
 from fencepost.core.leases import AcquireRequest, Busy, Granted
+from fencepost.errors import LeaseLost
 from fencepost.store.batch import NO_KEYS, Tx
 from fencepost.store.sql import locks
 from fencepost.store.sqlite import SqliteStore
 from fencepost.store.together import Together
 from pg_support import migrated_database
 
+from .conftest import reopen
 from .store_support import P, grant, token
 from .wire_trace import count_round_trips, summary, wire_trace
 
@@ -69,6 +71,58 @@ async def test_a_batch_of_fresh_acquires_and_releases_sends_few_statements(store
     assert statements <= 8 * len(sizes) < len(keys), summary(lines)
     for key in keys:
         assert (await store.get_lock(P, key)).lease is None
+
+
+async def test_a_batch_of_renewals_sends_few_statements(store, clock):
+    if isinstance(store, SqliteStore):
+        pytest.skip("SQLite's statements are calls in this process, not round trips")
+    keys = [f"renewed-{i}" for i in range(30)]
+    leases = await asyncio.gather(*(grant(store, key, ttl=30) for key in keys))
+    clock.advance(10_000)
+    sizes, _ = _watch(store)
+    with wire_trace(store) as lines:
+        renewed = await asyncio.gather(
+            *(store.renew_lock(P, lease.key, lease.lock_token, 60) for lease in leases))
+    statements, _ = count_round_trips(lines)
+    # One gathered update per batch, besides each batch's begin and commit.
+    assert statements <= 4 * len(sizes) < len(keys), summary(lines)
+    for before, after in zip(leases, renewed, strict=True):
+        assert after.fencing_token == before.fencing_token
+        assert after.expires_ms == clock.now + 60_000
+        assert (await store.get_lock(P, before.key)).lease == after
+
+
+async def test_gathered_renewals_of_stale_memories_are_decided_by_the_rows(store, clock):
+    """Renewals whose remembered lease is out of date (renewed on another
+    replica, released there, or someone else's token) miss the gathered
+    update and are decided by the rows, beside renewals that it decides."""
+    leases = await asyncio.gather(*(grant(store, f"stale-{i}", ttl=30) for i in range(12)))
+    other = reopen(store, clock)
+    await other.open()
+    try:
+        clock.advance(1_000)
+        for lease in leases[:4]:  # moved elsewhere: this store remembers the old expiry
+            await other.renew_lock(P, lease.key, lease.lock_token, 120)
+        for lease in leases[4:6]:  # ended elsewhere
+            assert await other.release_lock(P, lease.key, lease.lock_token)
+    finally:
+        await other.close()
+    clock.advance(1_000)
+    results = await asyncio.gather(
+        *(store.renew_lock(P, lease.key, lease.lock_token, 45) for lease in leases),
+        *(store.renew_lock(P, lease.key, token(), 45) for lease in leases[6:8]),
+        return_exceptions=True,
+    )
+    for lease, result in zip(leases, results, strict=False):
+        if lease in leases[4:6]:
+            assert isinstance(result, LeaseLost), result
+            assert (await store.get_lock(P, lease.key)).lease is None
+            continue
+        assert not isinstance(result, BaseException), result
+        assert result.expires_ms == clock.now + 45_000
+        assert result.fencing_token == lease.fencing_token
+        assert (await store.get_lock(P, lease.key)).lease == result
+    assert all(isinstance(r, LeaseLost) for r in results[len(leases):])
 
 
 async def test_two_acquires_of_one_lock_in_a_batch_keep_their_order(store):

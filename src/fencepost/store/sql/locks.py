@@ -557,16 +557,33 @@ def drop_waiters_of(tx: Tx, replica: str) -> None:
         tx.events.append(lock_freed(project, key))
 
 
+_EXPIRY_PARAMS = (
+    ("expires_ms", "bigint"), ("dies_ms", "bigint"), ("project", "text"), ("key", "text"),
+    ("lock_token", "text"), ("fencing_token", "bigint"), ("judged_expires_ms", "bigint"),
+)
+# Contract: the row changes only if it is still exactly the lease the rules
+# judged (the fencing token names the grant; only renewals move the expiry).
+# Each returns a row for each lease it moved, so a gathered renewal's answer
+# and a lone one's read the same way.
+_EXPIRY = Together(
+    "UPDATE locks SET expires_ms = ?, dies_ms = ? "
+    "WHERE project = ? AND key = ? AND lock_token = ? AND fencing_token = ? "
+    "AND expires_ms = ? RETURNING fencing_token",
+    f"UPDATE locks l SET expires_ms = x.expires_ms, dies_ms = x.dies_ms "
+    f"FROM {_unnest(_EXPIRY_PARAMS)} "
+    "WHERE l.project = x.project AND l.key = x.key AND l.lock_token = x.lock_token "
+    "AND l.fencing_token = x.fencing_token AND l.expires_ms = x.judged_expires_ms "
+    "RETURNING x.n, l.fencing_token",
+)
+
+
 def _send_expiry(tx: Tx, project: str, before: Lease, after: Lease) -> Cursor:
-    # Contract: the row changes only if it is still exactly the lease the rules
-    # judged (the fencing token names the grant; only renewals move the expiry).
-    return tx.execute(
-        "UPDATE locks SET expires_ms = ?, dies_ms = ? "
-        "WHERE project = ? AND key = ? AND lock_token = ? AND fencing_token = ? "
-        "AND expires_ms = ?",
-        (after.expires_ms, rules.end_of_life_ms(after), project, before.key,
-         before.lock_token, before.fencing_token, before.expires_ms),
-    )
+    """Move the judged lease's expiry (a first statement that may be
+    gathered); the cursor has a row when it did."""
+    return tx.send(_EXPIRY, (
+        after.expires_ms, rules.end_of_life_ms(after), project, before.key,
+        before.lock_token, before.fencing_token, before.expires_ms,
+    ))
 
 
 def _judged(leases: list[Lease], lock_token: str, now_ms: int) -> Lease | None:
@@ -600,7 +617,7 @@ def renew(
             sent = _send_expiry(tx, project, remembered, guess)
 
     def answer() -> Lease | Undecided:
-        if sent is not None and guess is not None and sent.rowcount > 0:
+        if sent is not None and guess is not None and sent.fetchone() is not None:
             known.put(project, guess)
             return guess
         return UNDECIDED
