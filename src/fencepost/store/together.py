@@ -5,7 +5,7 @@ statement in one pipeline: one round trip, but still one statement each, and
 a statement costs psycopg about 50 µs of this process's CPU and the database
 about 30 µs more, which was most of what an acquire or a release cost beyond
 the HTTP work. Operations whose first statement is `Together` (an acquire of
-a free lock, a release) instead have it gathered, and each kind goes out once
+a free lock, a renewal, a release) instead have it gathered, and each kind goes out once
 for all of them, with one array per parameter: measured, about 15 µs here and
 15-20 µs in the database per operation.
 
