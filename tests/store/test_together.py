@@ -224,3 +224,56 @@ async def test_a_gathered_statement_that_fails_replays_the_batch(store, monkeypa
     assert any(replays)  # the gathered statement failed, and each ran alone
     for i in range(len(tokens)):
         assert (await store.get_lock(P, f"fail-{i}")).lease is None
+
+
+def _relation_rows(plan: dict[str, Any], relation: str) -> int:
+    """How many rows the plan's scans of `relation` read (kept or filtered out)."""
+    rows = 0
+    if plan.get("Relation Name") == relation:
+        read = int(plan.get("Actual Rows", 0)) + int(plan.get("Rows Removed by Filter", 0))
+        rows += read * int(plan.get("Actual Loops", 1))
+    for child in plan.get("Plans", []):
+        rows += _relation_rows(child, relation)
+    return rows
+
+
+def test_gathered_acquires_look_up_their_own_keys_beside_thousands_of_waiters():
+    """A batch's gathered acquire tests each key's line by its index, whatever
+    join the planner would choose, never by reading every parked waiter of
+    the store: as a join, planned for the hundred rows the planner guesses
+    an unnest gives, it sometimes hashed all 10,000 waiters of workload (e)
+    for each batch of acquires. Joins other than a hash are turned off here,
+    so that the statement cannot pass by the planner's luck."""
+    import psycopg
+
+    from fencepost.store.postgresql import _placeholders
+
+    with migrated_database() as url, psycopg.connect(url) as conn:
+        now = 1_800_000_000_000
+        conn.execute(
+            "INSERT INTO lock_waiters (ticket, project, key, lock_token, alive_until_ms) "
+            "SELECT nextval('lock_tickets'), %s, 'parked-' || (i %% 100), 'w-' || i, %s "
+            "FROM generate_series(1, 10000) AS i", (P, now + 3_600_000))
+        conn.commit()
+        conn.execute("ANALYZE")
+        conn.execute("SET enable_nestloop = off")
+        conn.execute("SET enable_mergejoin = off")
+        values = []
+        for _ in range(20):
+            key = f"fresh-{token()}"
+            lease = {"project": P, "key": key, "lock_token": token(), "acquired_ms": now,
+                     "expires_ms": now + 30_000, "deadline_ms": now + 90 * 86_400_000,
+                     "dies_ms": now + 30_000, "operation": None, "metadata": None,
+                     "on_expiry": "release", "key_id": None, "lock_delay_ms": 0,
+                     "mode": "exclusive", "session_id": None}
+            test = {"w_project": P, "w_key": key, "w_now": now, "d_project": P, "d_key": key,
+                    "d_now": now, "l_project": P, "l_key": key}
+            values.append(tuple({**lease, **test}[name] for name, _ in locks._FREE_INSERT_PARAMS))
+        columns = tuple(list(column) for column in zip(*values, strict=True))
+        statement = locks._free_insert("nextval('fencing_tokens')").many
+        ((plan,),) = conn.execute(
+            "EXPLAIN (ANALYZE, FORMAT JSON) " + _placeholders(statement), columns).fetchall()
+        granted = conn.execute("SELECT count(*) FROM locks").fetchone()
+        conn.rollback()
+    assert granted == (20,)  # the statement did grant them all
+    assert _relation_rows(plan[0]["Plan"], "lock_waiters") < 1000, plan
