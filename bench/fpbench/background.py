@@ -114,7 +114,11 @@ def preload_locks(store_url: str, count: int) -> None:
             # As on PostgreSQL below: the steady state, not the bulk load's
             # aftermath (a write-ahead log the size of the table, which the
             # server's checkpointer would otherwise copy back during the run).
-            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            # Committed first: a checkpoint cannot copy an open transaction.
+            conn.commit()
+            (busy, _, _) = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            if busy:
+                raise RuntimeError("the preloaded locks' write-ahead log could not be checkpointed")
         return
     import psycopg
 
