@@ -155,3 +155,19 @@ async def test_a_lock_delay_refuses_from_the_pipeline_too(store, clock):
     clock.advance(10_001)
     assert isinstance((await _acquire(store, "delayed")).outcome, Granted)
 
+
+async def test_a_dead_leases_release_starts_its_delay_before_an_acquire_beside_it(store, clock):
+    """The holder of a lease that expired (not yet reaped) releases it while
+    someone acquires in the same batch: the lease ended by expiry, so its lock
+    delay holds the newcomer off (SPEC §3.9), whichever comes first."""
+    held = await grant(store, "late", lock_delay_seconds=10)
+    clock.advance(30_000)  # its expiry instant: dead from here on
+    released, *_, tried = await asyncio.gather(
+        store.release_lock(P, "late", held.lock_token),
+        *(grant(store, f"beside-{i}") for i in range(10)),
+        _acquire(store, "late"),
+    )
+    assert released is False  # it had expired: not held any more
+    assert isinstance(tried.outcome, Busy), tried
+    assert tried.outcome.delay_until_ms == held.expires_ms + 10_000
+    assert (await store.get_lock(P, "late")).lease is None

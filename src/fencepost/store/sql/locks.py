@@ -178,13 +178,18 @@ def _free_insert(token_sql: str) -> Together:
     return Together(_insert_if(_IF_FREE, token_sql), many)
 
 
-_RELEASE_PARAMS = (("project", "text"), ("key", "text"), ("lock_token", "text"))
+# A release deletes the token's lease only while it is live: a dead one (not
+# yet reaped) ended at its expiry, which may start a lock delay, and must stay
+# on record until that is written, or an acquire sent after it in the same
+# pipeline would find the lock free and no delay yet (SPEC §3.9). The general
+# case ends it as the reaper would.
+_RELEASE_PARAMS = (("project", "text"), ("key", "text"), ("lock_token", "text"), ("now", "bigint"))
 _RELEASE = Together(
-    f"DELETE FROM locks WHERE project = ? AND key = ? AND lock_token = ? "
+    f"DELETE FROM locks WHERE project = ? AND key = ? AND lock_token = ? AND dies_ms > ? "
     f"RETURNING {_LEASE_COLUMNS}",
     f"DELETE FROM locks l USING {_unnest(_RELEASE_PARAMS)} "
     "WHERE l.project = x.project AND l.key = x.key AND l.lock_token = x.lock_token "
-    f"RETURNING x.n, {columns(_LeaseRow, 'l')}",
+    f"AND l.dies_ms > x.now RETURNING x.n, {columns(_LeaseRow, 'l')}",
 )
 
 
@@ -701,31 +706,34 @@ def renew(
 def release(
     tx: Tx, known: KnownLeases, project: str, key: str, lock_token: str
 ) -> Step[bool]:
-    """A step operation decided by its first statement: the token's own lease
-    ends, whatever other (shared) leases the lock has."""
-    sent = tx.send(_RELEASE, (project, key, lock_token))
+    """A step operation: the token's own live lease ends, whatever other
+    (shared) leases the lock has; if it has none, the general case ends a
+    dead one still on record, as the reaper would."""
+    sent = tx.send(_RELEASE, (project, key, lock_token, tx.now_ms))
 
-    def answer() -> bool:
+    def answer() -> bool | Undecided:
         row = sent.fetchone()
         if row is None:
-            return False
-        # A dead lease not yet reaped ends here just as the reaper would end it.
+            return UNDECIDED
         lease = _lease(row)
         known.forget(project, lease)
-        released = rules.holds(lease, lock_token, tx.now_ms)
-        reason = EndReason.RELEASED if released else rules.dead_reason(lease)
         ended.remember(
-            tx, project, key, lock_token, lease.fencing_token, reason, lease.acquired_ms
+            tx, project, key, lock_token, lease.fencing_token, EndReason.RELEASED,
+            lease.acquired_ms,
         )
-        start_delay(tx, project, lease, reason)
         tx.events.append(lock_freed(project, key))
-        return released
+        return True
 
-    return Step(answer, _never)
+    def otherwise() -> bool:
+        lease = load_lease(tx, project, key, lock_token)
+        if lease is None:
+            return False  # never held, or already ended
+        # Dead (the first statement deletes a live one): it ends as it died.
+        known.forget(project, lease)
+        end_lease(tx, project, lease, rules.dead_reason(lease))
+        return False
 
-
-def _never() -> Any:
-    raise AssertionError("this step operation is always decided by its first statement")
+    return Step(answer, otherwise)
 
 
 def force_release(
