@@ -346,18 +346,26 @@ class Tx:
     # Who asked (fencepost.events.Origin), for the events the operation reports.
     origin: Any = None
     # While a step operation sends its first statements in a batch that
-    # gathers them (together.py): where its Together statements go.
+    # gathers them (together.py): where its Together statements go, and
+    # whether its keys are its own in the batch (no other operation has one).
     gather: Gathering | None = None
+    alone: bool = False
 
     def execute(self, sql: str, params: tuple[Any, ...] = ()) -> Cursor:
         return self.engine.execute(self.conn, sql, params)
 
+    def gathers(self, together: Together) -> bool:
+        """Whether `together` goes out as one with the like statements of the
+        batch's other operations (together.py)."""
+        return self.gather is not None and (self.alone or together.shares_keys)
+
     def send(self, together: Together, params: tuple[Any, ...]) -> Cursor:
         """A first statement that may go out as one with the like statements
         of the batch's other operations (together.py); else it runs alone."""
-        if self.gather is None:
-            return self.engine.execute(self.conn, together.single, params)
-        return self.gather.add(together, params)
+        if self.gather is not None and (self.alone or together.shares_keys):
+            return self.gather.add(together, params)
+        assert together.single is not None, "a Together without `single` is sent only gathered"
+        return self.engine.execute(self.conn, together.single, params)
 
     def claim(self, keys: Iterable[Key]) -> list[Key]:
         """Those of `keys` this transaction now holds (see the module
@@ -770,7 +778,7 @@ class BatchWriter:
         # (job, tx, its Step while undecided, else its result)
         runs: list[tuple[Job[Any], Tx, Any]] = []
         # Keys of one operation only: those operations' Together statements
-        # go out gathered (together.py).
+        # go out gathered (together.py), as do those that share keys.
         uses = collections.Counter(key for job in batch for key in job.keys)
         gathering = Gathering()
         with contextlib.ExitStack() as pipeline:
@@ -784,8 +792,9 @@ class BatchWriter:
                         gathering.send(self._engine, conn)  # before this one runs
                         pipeline.close()
                     piped = job.steps
-                alone = job.steps and job.keys and all(uses[key] == 1 for key in job.keys)
-                tx.gather = gathering if alone else None
+                if job.steps and job.keys:
+                    tx.gather = gathering
+                    tx.alone = all(uses[key] == 1 for key in job.keys)
                 runs.append((job, tx, job.fn(tx)))
                 tx.gather = None  # its answer and general case run their statements alone
             gathering.send(self._engine, conn)

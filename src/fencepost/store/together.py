@@ -16,15 +16,32 @@ turn would. Anything else (a second operation on a key, a plain operation,
 an isolated replay, the general case) sends its statements one by one, as
 before. The gathered statements go out before the pipeline closes for a plain
 operation, so nothing that runs in its turn can pass them.
+
+A Together that `shares_keys` is written to decide several operations on one
+key as sending them in turn would (a pool's admissions are numbered in order
+and admitted up to the room the pool has: pools.py), so it gathers the
+operations of a batch whatever keys they share. It still goes out after the
+pipeline's other first statements: the operations of one batch are
+concurrent (none was answered before the others were submitted), so any
+order of them is one their callers could have seen, and an operation whose
+first statement took no effect is decided by its general case after all of
+them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
     from fencepost.store.batch import Cursor, Engine
+
+
+def unnest(params: Sequence[tuple[str, str]]) -> str:
+    """`x` for a `many` statement: one row per gathered operation, numbered
+    `n`, of the (name, SQL type) `params`, each `?` taking one array."""
+    arrays = ", ".join(f"?::{kind}[]" for _, kind in params)
+    return f"unnest({arrays}) WITH ORDINALITY AS x({', '.join(n for n, _ in params)}, n)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,10 +55,14 @@ class Together:
     (1-based, as `WITH ORDINALITY` numbers them), followed by the columns
     `single` returns. Both return a row for each operation they took effect
     for (RETURNING), and none for the others. `many` is PostgreSQL's SQL
-    (arrays and unnest): only a batch run in steps gathers."""
+    (arrays and unnest): only a batch run in steps gathers. Without `single`,
+    `many` serves a lone operation too (its caller sends something else where
+    nothing gathers). With `shares_keys`, operations that share a key gather
+    too (see the module docstring)."""
 
-    single: str
+    single: str | None
     many: str
+    shares_keys: bool = False
 
 
 class _Answer:
@@ -76,15 +97,18 @@ class _Answer:
 class _Group:
     """The gathered operations of one Together, and its cursor once sent."""
 
-    __slots__ = ("params", "_cursor", "_rows")
+    __slots__ = ("params", "_cursor", "_rows", "_single")
 
     def __init__(self) -> None:
         self.params: list[tuple[Any, ...]] = []
         self._cursor: Cursor | None = None
         self._rows: dict[int, tuple[Any, ...]] | None = None
+        self._single = False
 
     def send(self, engine: Engine, conn: Any, together: Together) -> None:
-        if len(self.params) == 1:  # alone: its own statement, already prepared
+        self._single = len(self.params) == 1 and together.single is not None
+        if self._single:  # alone: its own statement, already prepared
+            assert together.single is not None
             self._cursor = engine.execute(conn, together.single, self.params[0])
             return
         columns = tuple(list(values) for values in zip(*self.params, strict=True))
@@ -94,7 +118,7 @@ class _Group:
         assert self._cursor is not None, "read before the gathered statement was sent"
         if self._rows is None:
             rows = self._cursor.fetchall()
-            if len(self.params) == 1:  # `single`'s rows carry no place
+            if self._single:  # `single`'s rows carry no place
                 self._rows = {1: tuple(rows[0])} if rows else {}
             else:
                 self._rows = {int(row[0]): tuple(row[1:]) for row in rows}

@@ -52,7 +52,7 @@ from fencepost.store.sql.bounded import delete_oldest_claimed
 from fencepost.store.sql.known_leases import KnownLeases
 from fencepost.store.sql.replicas import Place
 from fencepost.store.sql.rows import columns, width
-from fencepost.store.together import Together
+from fencepost.store.together import Together, unnest
 
 
 class _LeaseRow(NamedTuple):
@@ -143,13 +143,6 @@ _FREE_INSERT_PARAMS = (
 )
 
 
-def _unnest(params: Sequence[tuple[str, str]]) -> str:
-    """`x`: one row per gathered operation (together.py), numbered `n`, of
-    the (name, type) `params`."""
-    arrays = ", ".join(f"?::{kind}[]" for _, kind in params)
-    return f"unnest({arrays}) WITH ORDINALITY AS x({', '.join(n for n, _ in params)}, n)"
-
-
 @lru_cache(maxsize=4)
 def _free_insert(token_sql: str) -> Together:
     """The hot path's exclusive insert that draws its token, for one acquire
@@ -162,7 +155,7 @@ def _free_insert(token_sql: str) -> Together:
     # guesses an unnest gives, it hashed every row of the table instead, all
     # 10,000 parked waiters for a batch of 20 acquires (4 ms, measured).
     many = (
-        f"WITH x AS (SELECT * FROM {_unnest(_FREE_INSERT_PARAMS)}), "
+        f"WITH x AS (SELECT * FROM {unnest(_FREE_INSERT_PARAMS)}), "
         f"granted AS (INSERT INTO locks ({_LEASE_VALUES}) SELECT {', '.join(chosen)} FROM x "
         "WHERE NOT EXISTS (SELECT 1 FROM lock_waiters w WHERE w.project = x.w_project "
         "AND w.key = x.w_key AND w.alive_until_ms > x.w_now OFFSET 0) "
@@ -187,7 +180,7 @@ _RELEASE_PARAMS = (("project", "text"), ("key", "text"), ("lock_token", "text"),
 _RELEASE = Together(
     f"DELETE FROM locks WHERE project = ? AND key = ? AND lock_token = ? AND dies_ms > ? "
     f"RETURNING {_LEASE_COLUMNS}",
-    f"DELETE FROM locks l USING {_unnest(_RELEASE_PARAMS)} "
+    f"DELETE FROM locks l USING {unnest(_RELEASE_PARAMS)} "
     "WHERE l.project = x.project AND l.key = x.key AND l.lock_token = x.lock_token "
     f"AND l.dies_ms > x.now RETURNING x.n, {columns(_LeaseRow, 'l')}",
 )
@@ -630,7 +623,7 @@ _EXPIRY = Together(
     "WHERE project = ? AND key = ? AND lock_token = ? AND fencing_token = ? "
     "AND expires_ms = ? RETURNING fencing_token",
     f"UPDATE locks l SET expires_ms = x.expires_ms, dies_ms = x.dies_ms "
-    f"FROM {_unnest(_EXPIRY_PARAMS)} "
+    f"FROM {unnest(_EXPIRY_PARAMS)} "
     "WHERE l.project = x.project AND l.key = x.key AND l.lock_token = x.lock_token "
     "AND l.fencing_token = x.fencing_token AND l.expires_ms = x.judged_expires_ms "
     "RETURNING x.n, l.fencing_token",

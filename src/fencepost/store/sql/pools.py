@@ -49,6 +49,7 @@ from fencepost.store.sql.bounded import delete_oldest_claimed
 from fencepost.store.sql.known_leases import Known
 from fencepost.store.sql.replicas import Place
 from fencepost.store.sql.rows import columns, width
+from fencepost.store.together import Together, unnest
 
 KIND = "pool"
 
@@ -520,6 +521,33 @@ _LIVE_SLOTS = (
 )
 
 
+_ADMIT_PARAMS = (
+    ("project", "text"), ("slot_id", "text"), ("pool", "text"), ("acquired_ms", "bigint"),
+    ("lease_deadline_ms", "bigint"), ("request_deadline_ms", "bigint"), ("key_id", "text"),
+    ("version", "bigint"), ("now", "bigint"), ("lim", "bigint"),
+)
+# The common case of the acquires of one batch (PostgreSQL), in one statement:
+# _ADMIT_IF_ROOM's test for each, where the room is counted once per pool and
+# the acquires of one pool are admitted in batch order up to it (the first
+# `limit - live` of them), which is what sending each in its turn decides.
+# Each admitted one's row gives the live slots it leaves (those before it
+# and itself). Every test looks up its pool by index (OFFSET 0: not a join).
+_ADMIT_IN_ORDER = Together(None, (
+    f"WITH x AS (SELECT * FROM {unnest(_ADMIT_PARAMS)}), "
+    "r AS (SELECT x.*, row_number() OVER (PARTITION BY x.project, x.pool ORDER BY x.n) AS place, "
+    "(SELECT COUNT(*) FROM slots s WHERE s.project = x.project AND s.pool = x.pool "
+    "AND s.lease_deadline_ms > x.now OFFSET 0) AS live FROM x), "
+    f"admitted AS (INSERT INTO slots (project, {_SLOT_COLUMNS}, key_id) "
+    "SELECT r.project, r.slot_id, r.pool, r.acquired_ms, r.lease_deadline_ms, "
+    "r.request_deadline_ms, NULL, r.key_id FROM r WHERE r.place <= r.lim - r.live "
+    "AND EXISTS (SELECT 1 FROM pools p WHERE p.project = r.project AND p.name = r.pool "
+    "AND p.admission_version = r.version OFFSET 0) "
+    "AND NOT EXISTS (SELECT 1 FROM slot_waiters w WHERE w.project = r.project "
+    "AND w.pool = r.pool AND w.alive_until_ms > r.now OFFSET 0) RETURNING slot_id) "
+    "SELECT r.n, r.live + r.place FROM admitted JOIN r ON r.slot_id = admitted.slot_id"
+), shares_keys=True)
+
+
 def acquire_step(
     tx: Tx, known: KnownPools, project: str, pool: str, key_id: str | None, wanted: Wanted,
     otherwise: Callable[[], SlotAttempt | Refused],
@@ -531,26 +559,38 @@ def acquire_step(
     slot did not go in, `otherwise` (the general case)."""
     now = tx.now_ms
     remembered = known.get((project, pool))
-    sent: tuple[Cursor, Cursor] | None = None
+    sent: tuple[Cursor, Cursor | None] | None = None
     if remembered is not None and remembered.admits_by_count(now):
         state = remembered
         slot = rules.new_slot(new_slot_id(), pool, state.config, now)
-        sent = (
-            tx.execute(_ADMIT_IF_ROOM, (
+        if tx.gathers(_ADMIT_IN_ORDER):
+            sent = (tx.send(_ADMIT_IN_ORDER, (
                 project, slot.slot_id, pool, slot.acquired_ms, slot.lease_deadline_ms,
-                slot.request_deadline_ms, key_id, project, pool, state.version,
-                project, pool, now, state.limit, project, pool, now,
-            )),
-            tx.execute(_LIVE_SLOTS, (project, pool, now)),
-        )
+                slot.request_deadline_ms, key_id, state.version, now, state.limit,
+            )), None)
+        else:
+            sent = (
+                tx.execute(_ADMIT_IF_ROOM, (
+                    project, slot.slot_id, pool, slot.acquired_ms, slot.lease_deadline_ms,
+                    slot.request_deadline_ms, key_id, project, pool, state.version,
+                    project, pool, now, state.limit, project, pool, now,
+                )),
+                tx.execute(_LIVE_SLOTS, (project, pool, now)),
+            )
 
     def answer() -> SlotAttempt | Undecided:
         if sent is None:
             return UNDECIDED
         inserted, counted = sent
-        if not inserted.rowcount:
+        if counted is None:  # gathered: its row is the count, if it went in
+            row = inserted.fetchone()
+            if row is None:
+                return UNDECIDED
+            (in_use,) = row
+        elif not inserted.rowcount:
             return UNDECIDED
-        (in_use,) = counted.fetchone()
+        else:
+            (in_use,) = counted.fetchone()
         tx.events.append(Granted("slot", project, pool, None, tx.origin))
         # The version guard proved the remembered configuration current: the
         # wait and the grant's fields come from it, as the general case's would.
@@ -693,6 +733,23 @@ def renew(
     return Step(answer, otherwise)
 
 
+_RELEASE_PARAMS = (("slot_id", "text"), ("project", "text"), ("pool", "text"), ("now", "bigint"))
+# The releases without a report of one batch (PostgreSQL), in one statement:
+# each deletes its slot, and each pool counts the live ones deleted as
+# released (a dead one is counted as reclaimed by its answer), as the update
+# and delete of each release in turn do. A slot named twice is deleted once.
+_RELEASE_UNREPORTED = Together(None, (
+    f"WITH x AS (SELECT * FROM {unnest(_RELEASE_PARAMS)}), "
+    "gone AS (DELETE FROM slots s USING x WHERE s.slot_id = x.slot_id "
+    "AND s.project = x.project AND s.pool = x.pool "
+    f"RETURNING x.n, s.project, x.now, {columns(_SlotRow, 's')}), "
+    "counted AS (UPDATE pools p SET released = p.released + c.live FROM ("
+    "SELECT project, pool, COUNT(*) AS live FROM gone WHERE lease_deadline_ms > now "
+    "GROUP BY project, pool) c WHERE p.project = c.project AND p.name = c.pool) "
+    f"SELECT n, {_SLOT_COLUMNS} FROM gone"
+), shares_keys=True)
+
+
 def release(
     tx: Tx, known: KnownPools, project: str, pool: str, slot_id: str, report: SlotReport | None
 ) -> Step[bool | Refused]:
@@ -704,19 +761,23 @@ def release(
     (a repeated release finds no slot), so statistics are not inflated by
     retries. A slot of another pool or project, or an unknown pool, is
     Refused (NotFound)."""
-    sets, args = _release_counts(report, tx.now_ms)
     now = tx.now_ms
-    counted = tx.execute(
-        f"UPDATE pools SET {sets} WHERE project = ? AND name = ? AND EXISTS (SELECT 1 FROM slots "
-        "WHERE slot_id = ? AND project = ? AND pool = ? AND lease_deadline_ms > ?)"
-        + ("" if report is None else f" RETURNING {_POOL_COLUMNS}"),
-        (*args, project, pool, slot_id, project, pool, now),
-    )
-    deleted = tx.execute(
-        f"DELETE FROM slots WHERE slot_id = ? AND project = ? AND pool = ? "
-        f"RETURNING {_SLOT_COLUMNS}",
-        (slot_id, project, pool),
-    )
+    counted: Cursor | None = None
+    if report is None and tx.gathers(_RELEASE_UNREPORTED):
+        deleted = tx.send(_RELEASE_UNREPORTED, (slot_id, project, pool, now))
+    else:
+        sets, args = _release_counts(report, now)
+        counted = tx.execute(
+            f"UPDATE pools SET {sets} WHERE project = ? AND name = ? AND EXISTS (SELECT 1 "
+            "FROM slots WHERE slot_id = ? AND project = ? AND pool = ? AND lease_deadline_ms > ?)"
+            + ("" if report is None else f" RETURNING {_POOL_COLUMNS}"),
+            (*args, project, pool, slot_id, project, pool, now),
+        )
+        deleted = tx.execute(
+            f"DELETE FROM slots WHERE slot_id = ? AND project = ? AND pool = ? "
+            f"RETURNING {_SLOT_COLUMNS}",
+            (slot_id, project, pool),
+        )
 
     def answer() -> bool | Undecided:
         row = deleted.fetchone()
@@ -731,9 +792,10 @@ def release(
         # cannot be, as deleting a pool deletes its slots with it). Raised, not
         # Refused: the slot was deleted above, and only a rollback undoes it.
         if report is None:
-            if not counted.rowcount:
+            if counted is not None and not counted.rowcount:
                 raise NotFound(f"No pool named {pool!r}.")
         else:
+            assert counted is not None  # a report is never gathered
             state = _pool(counted.fetchone(), pool)
             _remember(known, project, pool, state)
             _learn(tx, known, project, pool, state, report, now - slot.acquired_ms)
