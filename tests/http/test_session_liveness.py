@@ -64,10 +64,17 @@ def test_a_paused_holder_loses_its_session_and_everything_attached(
         held = read_line(holder, 30)
         sid = held["session_id"]
         with srv.client(key) as mine, srv.client() as admin:
-            # Alive and renewed while the holder runs: several TTLs pass.
-            first = mine.get(f"/v1/sessions/{sid}").json()["expires_at"]
-            time.sleep(SESSION_TTL)
-            assert mine.get(f"/v1/sessions/{sid}").json()["expires_at"] > first
+            # Alive and renewed while the holder runs (it renews every third of
+            # the TTL): watched until a renewal shows, the session live all along.
+            first = mine.get(f"/v1/sessions/{sid}").json()
+            deadline = time.monotonic() + 3 * SESSION_TTL
+            while True:
+                now = mine.get(f"/v1/sessions/{sid}").json()
+                assert now["live"], f"the session ended while its holder ran: {now}"
+                if now["expires_at"] > first["expires_at"]:
+                    break
+                assert time.monotonic() < deadline, f"never renewed: {first} {now}"
+                time.sleep(0.2)
             ended_before = metric(srv, "fencepost_leases_ended_total", kind="lock",
                                   reason="session_expired")
             holder.send_signal(signal.SIGSTOP)
