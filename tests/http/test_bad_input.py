@@ -221,6 +221,11 @@ BAD_JSON = {
     "trailing-garbage": b'{"ttl_seconds": 30}garbage',
     "invalid-utf8": b'{"ttl_seconds": 30, "operation": "\xff\xfe"}',
     "nul": b"\x00",
+    # Not JSON whitespace (RFC 8259 allows only space, tab, LF and CR), though
+    # Python's bytes.strip() takes them for it.
+    "vertical-tab": b"\x0b",
+    "form-feed": b"\x0c",
+    "object-after-form-feed": b'\x0c{"ttl_seconds": 30}',
     "unterminated-string": b'{"ttl_seconds": 30, "operation": "dep',
     "comment": b'{"ttl_seconds": 30 /* ttl */}',
 }
@@ -1091,3 +1096,24 @@ def test_colons_inside_strings_are_not_repeats(server: ServerProcess) -> None:
         assert resp.status_code == 201, resp.text
         assert state(server, name)["metadata"] == metadata
         c.delete(f"/v1/locks/{name}/lease", headers={"X-Lock-Token": token})
+
+
+# Routes whose body may be left out: only an empty body is one left out; any
+# other, whitespace included, must be JSON, and is refused before it acts.
+NOT_A_BODY = [b" ", b" \t\r\n", b"\x0b", b"\x0c", b" \x0b ", b"\x1c", b"\xa0"]
+
+
+@pytest.mark.parametrize("body", NOT_A_BODY)
+def test_a_body_that_only_looks_blank_is_malformed_on_optional_body_routes(
+        server: ServerProcess, pool: str, body: bytes) -> None:
+    slot = take_slot(server, pool)
+    before = pool_stats(server, pool)
+    with api(server) as c:
+        assert_invalid(c.post(f"/v1/pools/{pool}/lock/{slot}/release", content=body))
+        assert_invalid(c.post(f"/v1/pools/{pool}/lock/{slot}/renew", content=body))
+        assert_invalid(c.post(f"/v1/pools/{pool}/lock/acquire", content=body))
+        assert_invalid(c.post("/v1/keys/refresh", content=body))
+        assert pool_stats(server, pool) == before, "a refused request changed the pool"
+        assert c.post(f"/v1/pools/{pool}/lock/{slot}/renew", content=b"").status_code == 200
+        assert c.post(f"/v1/pools/{pool}/lock/{slot}/release",
+                      content=b"").json() == {"released": True}

@@ -58,7 +58,8 @@ def test_renew_extends_the_lease(admin: httpx.Client, member: httpx.Client) -> N
     assert renew(member, pool, slot["slot_id"]).status_code == 200
 
 
-@pytest.mark.parametrize("body", [b"", b"{}", b"  {}  ", b" "])
+# (Whitespace alone is not JSON, and is refused: test_bad_input.py.)
+@pytest.mark.parametrize("body", [b"", b"{}", b"  {}  ", b"\r\n{}\t"])
 def test_renew_accepts_empty_body_or_empty_object(admin: httpx.Client, member: httpx.Client,
                                                   body: bytes) -> None:
     pool = make_pool(admin)
@@ -378,6 +379,14 @@ BAD_REPORTS: dict[str, tuple[Any, tuple[str, ...]]] = {
     "throttled-string": ({"throttled": "3"}, ("throttled",)),
     "throttled-float": ({"throttled": 1.5}, ("throttled",)),
     "retry_after_ms-negative": ({"retry_after_ms": -5}, ("retry_after_ms",)),
+    # Beyond what the stores' 64-bit columns hold (a fuzzer's find: a 500).
+    "retry_after_ms-huge": ({"retry_after_ms": 724518503532623319514742784},
+                            ("retry_after_ms",)),
+    "retry_after_ms-2^53": ({"retry_after_ms": 2**53}, ("retry_after_ms",)),
+    "throttled-huge": ({"throttled": 2**63}, ("throttled",)),
+    "throttled-over-a-million": ({"throttled": 1_000_001}, ("throttled",)),
+    "rate-huge-limit": ({"rate": {"limit": 10**30}}, ("rate",)),
+    "rate-huge-reset": ({"rate": {"reset_ms": 2**64}}, ("rate",)),
     "retry_after_ms-string": ({"retry_after_ms": "1000"}, ("retry_after_ms",)),
     "unknown-field": ({"status": 200, "latency_ms": 5}, ("latency_ms",)),
     "typo": ({"stauts": 200}, ("stauts",)),
@@ -401,6 +410,22 @@ BAD_REPORTS: dict[str, tuple[Any, tuple[str, ...]]] = {
                 ("status", "throttled", "retry_after_ms", "bogus")),
     "rate-and-headers-bad": ({"rate": {"limit": -1}, "headers": {"a": 1}}, ("rate", "headers")),
 }
+
+
+def test_the_largest_reported_numbers_are_taken_and_counted(admin: httpx.Client,
+                                                            member: httpx.Client) -> None:
+    pool = make_pool(admin)
+    biggest = 2**53 - 1
+    report = {"status": 429, "throttled": 1_000_000, "retry_after_ms": biggest,
+              "rate": {"limit": biggest, "remaining": 0, "reset_ms": biggest,
+                       "token_limit": biggest, "token_remaining": biggest,
+                       "token_reset_ms": biggest}}
+    for _ in range(2):
+        slot = grab(member, pool)
+        assert release(member, pool, slot["slot_id"], json=report).json() == {"released": True}
+    stats = pool_state(admin, pool)["stats"]
+    assert stats["throttled"] == 2_000_000 and stats["status_429"] == 2, stats
+    assert stats["last_retry_after_ms"] == biggest, stats
 
 
 @pytest.mark.parametrize("case", sorted(BAD_REPORTS))

@@ -14,7 +14,7 @@ from typing import Any
 from fencepost.core.slots import PoolConfig
 from fencepost.errors import NotFound
 from fencepost.store.sql import pools as pool_statements
-from fencepost.store.sql.pools import _LOAD_WITH_COUNTS
+from fencepost.store.sql.pools import _LOAD_WITH_COUNTS, _POOL_AND_SLOT
 
 from .conftest import reopen
 from .store_support import P
@@ -121,3 +121,31 @@ def test_the_gathered_statements_share_keys():
     # gather operations that share it (together.py).
     assert pool_statements._ADMIT_IN_ORDER.shares_keys
     assert pool_statements._RELEASE_UNREPORTED.shares_keys
+
+
+async def test_a_batch_of_renewals_extends_each_live_slot_by_its_term(store, clock):
+    await store.put_pool(P, "api", PoolConfig(limit=10, term_ms=2_000, request_timeout_ms=60_000))
+    await store.create_project("other")
+    dead = await _acquire(store, "api")
+    clock.advance(1_500)
+    held = [await _acquire(store, "api") for _ in range(4)]
+    clock.advance(1_000)  # `dead` is past its lease deadline, not yet reaped
+    sent = WriterStatements(store)
+    twice = held[0].slot.slot_id
+    results = await asyncio.gather(
+        *(store.renew_slot(P, "api", h.slot.slot_id) for h in held),
+        store.renew_slot(P, "api", twice),
+        store.renew_slot("other", "api", held[1].slot.slot_id),
+        store.renew_slot(P, "api", dead.slot.slot_id),
+        return_exceptions=True,
+    )
+    *renewed, again, foreign, late = results
+    assert [r.lease_deadline_ms for r in renewed] == [clock.now + 2_000] * 4
+    assert again.lease_deadline_ms == clock.now + 2_000  # renewed twice: the same deadline
+    assert isinstance(foreign, NotFound) and isinstance(late, NotFound)
+    # Only the slot named twice, the foreign one and the dead one were read
+    # by the general case.
+    assert sent.took(_POOL_AND_SLOT) <= 3
+    slots = await store.list_slots(P, "api")
+    assert len(slots) == 4
+    assert all(s.lease_deadline_ms == clock.now + 2_000 for s in slots)

@@ -239,7 +239,9 @@ class App:
                 if value is not None:
                     params[name] = value
             body: Any = None
-            if route.body is not None and (not route.body_optional or request.body.strip()):
+            # An optional body is omitted only when it is empty: anything else,
+            # whitespace included, must be the JSON the route takes.
+            if route.body is not None and (not route.body_optional or request.body):
                 body = decode_body(request.body, route.body)
             return await spec.handler(Call(request, services, caller, params, body, log))
         except ClientGone as gone:

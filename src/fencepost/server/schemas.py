@@ -334,7 +334,13 @@ class ErrorBody(msgspec.Struct):
 
 # --- pools (SPEC §4) --------------------------------------------------------
 
-Count = Annotated[int, Meta(ge=0)]
+# Counts and durations callers report stay JSON-exact integers (below 2^53, as
+# fencing tokens do), which also keeps them inside the stores' 64-bit columns.
+MAX_REPORTED = 2**53 - 1
+Count = Annotated[int, Meta(ge=0, le=MAX_REPORTED)]
+# Upstream 429s one slot's holder saw: added up per pool, so bounded well below
+# where a 64-bit total could overflow.
+MAX_THROTTLED = 1_000_000
 
 
 class PoolConfigBody(Request):
@@ -488,7 +494,7 @@ HeaderValue = Annotated[str, Meta(max_length=8192)]
 
 class ReleaseSlotBody(Request):
     status: Annotated[int, Meta(ge=100, le=599)] | None = None
-    throttled: Count | None = None
+    throttled: Annotated[int, Meta(ge=0, le=MAX_THROTTLED)] | None = None
     retry_after_ms: Count | None = None
     rate: RateState | None = None
     headers: Annotated[dict[HeaderName, HeaderValue], Meta(max_length=256)] | None = None

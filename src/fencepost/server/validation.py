@@ -23,8 +23,13 @@ T = TypeVar("T", bound=msgspec.Struct)
 MAX_DETAILS = 32
 
 
+# What JSON counts as whitespace (RFC 8259 §2). bytes.strip() also strips
+# vertical tab and form feed, which are not JSON.
+JSON_WHITESPACE = b" \t\n\r"
+
+
 def decode_body(body: bytes, cls: type[T]) -> T:
-    if not body.strip():
+    if not body.strip(JSON_WHITESPACE):
         raise InvalidRequest("The request body must be a JSON object.")
     try:
         value = msgspec.json.decode(body, type=cls)

@@ -684,14 +684,32 @@ def _load_with_slot(
 # attached to a session and not capped, whose request deadline is at least a
 # term away (so rules.renew extends it by exactly one term), of the pool as
 # remembered (the term is the remembered configuration's).
-_RENEW_BY_TERM = (
+_RENEW_PARAMS = (
+    ("deadline", "bigint"), ("slot_id", "text"), ("project", "text"), ("pool", "text"),
+    ("now", "bigint"), ("cap", "bigint"), ("p_project", "text"), ("p_pool", "text"),
+    ("version", "bigint"),
+)
+# The same for every renewal of a batch, whatever pools and slots they name
+# (each moves its own slot's row; the pool is only read): one statement on
+# PostgreSQL. A slot named twice is extended once, the other renewal going
+# to the general case.
+_RENEW_BY_TERM = Together((
     "UPDATE slots SET lease_deadline_ms = ? "
     "WHERE slot_id = ? AND project = ? AND pool = ? AND session_id IS NULL "
     "AND lease_deadline_ms > ? AND lease_deadline_ms < request_deadline_ms "
     "AND request_deadline_ms >= ? "
     "AND EXISTS (SELECT 1 FROM pools WHERE project = ? AND name = ? AND admission_version = ?) "
     f"RETURNING {_SLOT_COLUMNS}"
-)
+), (
+    "UPDATE slots s SET lease_deadline_ms = x.deadline "
+    f"FROM {unnest(_RENEW_PARAMS)} "
+    "WHERE s.slot_id = x.slot_id AND s.project = x.project AND s.pool = x.pool "
+    "AND s.session_id IS NULL AND s.lease_deadline_ms > x.now "
+    "AND s.lease_deadline_ms < s.request_deadline_ms AND s.request_deadline_ms >= x.cap "
+    "AND EXISTS (SELECT 1 FROM pools p WHERE p.project = x.p_project AND p.name = x.p_pool "
+    "AND p.admission_version = x.version OFFSET 0) "
+    f"RETURNING x.n, {columns(_SlotRow, 's')}"
+), shares_keys=True)
 
 
 def renew(
@@ -705,7 +723,7 @@ def renew(
     sent: Cursor | None = None
     if remembered is not None:
         deadline = tx.now_ms + remembered.config.term_ms
-        sent = tx.execute(_RENEW_BY_TERM, (
+        sent = tx.send(_RENEW_BY_TERM, (
             deadline, slot_id, project, pool, tx.now_ms, deadline,
             project, pool, remembered.version,
         ))
