@@ -581,11 +581,12 @@ def test_malformed_queue_timeout_header_is_400(admin: httpx.Client, member: http
     assert pool_state(admin, pool)["in_use"] == 0
 
 
+@pytest.mark.parametrize("wait_ms", [10**12, 10**30])  # beyond 64 bits: still a wait
 def test_huge_but_valid_wait_is_clamped(server: ServerProcess, admin: httpx.Client,
-                                        member: httpx.Client) -> None:
+                                        member: httpx.Client, wait_ms: int) -> None:
     pool = make_pool(admin, limit=1, queue_timeout_ms=300)
     grab(member, pool)
-    resp, waited = waited_for(member, server, pool, {"wait_ms": 10**12})
+    resp, waited = waited_for(member, server, pool, {"wait_ms": wait_ms})
     assert_waited(resp, waited, 300)
 
 

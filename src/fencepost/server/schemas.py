@@ -459,7 +459,8 @@ class Deleted(msgspec.Struct):
 
 
 class AcquireSlotBody(Request):
-    wait_ms: Count | None = None
+    # Any wait is clamped to the pool's queue_timeout_ms (SPEC §4.2): no upper bound.
+    wait_ms: Annotated[int, Meta(ge=0)] | None = None
     session_id: SessionId | None = None
 
 
