@@ -530,21 +530,28 @@ _ADMIT_PARAMS = (
 # _ADMIT_IF_ROOM's test for each, where the room is counted once per pool and
 # the acquires of one pool are admitted in batch order up to it (the first
 # `limit - live` of them), which is what sending each in its turn decides.
+# The live slots are counted at the pool's earliest clock reading in the
+# batch: a slot that dies between two readings counts as live for the later
+# acquire, which can only send it to the general case, never past the limit.
 # Each admitted one's row gives the live slots it leaves (those before it
 # and itself). Every test looks up its pool by index (OFFSET 0: not a join).
 _ADMIT_IN_ORDER = Together(None, (
     f"WITH x AS (SELECT * FROM {unnest(_ADMIT_PARAMS)}), "
-    "r AS (SELECT x.*, row_number() OVER (PARTITION BY x.project, x.pool ORDER BY x.n) AS place, "
-    "(SELECT COUNT(*) FROM slots s WHERE s.project = x.project AND s.pool = x.pool "
-    "AND s.lease_deadline_ms > x.now OFFSET 0) AS live FROM x), "
+    "r AS (SELECT x.*, row_number() OVER (PARTITION BY x.project, x.pool ORDER BY x.n) AS place "
+    "FROM x), "
+    "room AS (SELECT c.project, c.pool, (SELECT COUNT(*) FROM slots s WHERE s.project = c.project "
+    "AND s.pool = c.pool AND s.lease_deadline_ms > c.since OFFSET 0) AS live "
+    "FROM (SELECT project, pool, MIN(now) AS since FROM x GROUP BY project, pool) c), "
     f"admitted AS (INSERT INTO slots (project, {_SLOT_COLUMNS}, key_id) "
     "SELECT r.project, r.slot_id, r.pool, r.acquired_ms, r.lease_deadline_ms, "
-    "r.request_deadline_ms, NULL, r.key_id FROM r WHERE r.place <= r.lim - r.live "
+    "r.request_deadline_ms, NULL, r.key_id FROM r JOIN room ON room.project = r.project "
+    "AND room.pool = r.pool WHERE r.place <= r.lim - room.live "
     "AND EXISTS (SELECT 1 FROM pools p WHERE p.project = r.project AND p.name = r.pool "
     "AND p.admission_version = r.version OFFSET 0) "
     "AND NOT EXISTS (SELECT 1 FROM slot_waiters w WHERE w.project = r.project "
     "AND w.pool = r.pool AND w.alive_until_ms > r.now OFFSET 0) RETURNING slot_id) "
-    "SELECT r.n, r.live + r.place FROM admitted JOIN r ON r.slot_id = admitted.slot_id"
+    "SELECT r.n, room.live + r.place FROM admitted JOIN r ON r.slot_id = admitted.slot_id "
+    "JOIN room ON room.project = r.project AND room.pool = r.pool"
 ), shares_keys=True)
 
 
