@@ -51,7 +51,7 @@ async def test_after_a_database_restart_nobody_is_judged_before_reconnecting(
         # B stays silent after the restart: no listener reconnecting in the
         # background, no batch of its own until the test asks for one.
         assert b._listener is not None
-        await asyncio.to_thread(b._listener.stop)
+        await b._listener.stop()
         private_pg.stop()
         private_pg.start()
         await answered(a.reap)

@@ -251,18 +251,18 @@ async def test_closing_ends_the_listener_at_once_after_it_heard_others(store, cl
     it waiting (a listener that missed its wake-up would still be alive after
     close's five-second join)."""
     if isinstance(store, SqliteStore):
-        pytest.skip("SQLite's workers hear each other over datagrams, not a listener thread")
+        pytest.skip("SQLite's workers hear each other over datagrams, not a listener")
     other = reopen(store, clock)
     heard: list[Freed] = []
     other.add_freed_listener(heard.append)
     await other.open()
-    listening = other._listener._thread
+    listener = other._listener
     try:
         await hear(store, heard, "before-close")
-        assert listening.is_alive()
+        assert listener.listening
     finally:
         await other.close()
-    assert not listening.is_alive()
+    assert not listener.listening
     await other.close()  # closing twice is harmless
 
 

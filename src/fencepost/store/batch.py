@@ -115,6 +115,7 @@ from typing import (
 from fencepost.errors import StoreUnavailable
 from fencepost.events import current_origin
 from fencepost.store.inline import Flusher, TurnWaiter
+from fencepost.store.on_loop import run_on_loop, wait_for
 from fencepost.store.together import Gathering, Together
 from fencepost.store.writer_lines import MAX_BATCH, JobLines
 
@@ -185,6 +186,10 @@ class Engine(Protocol):
     # in-process database, whose statements are calls, not round trips): such
     # an engine is an InlineEngine.
     inline: bool
+    # Whether batches run on the submitting event loop's thread with their
+    # round trips awaited there (store/on_loop.py): every method that talks to
+    # the database may then be called only inside `run_on_loop`.
+    on_loop: bool
     # Whether `begin` and `claim` lock the batch's keys one by one (their
     # Key.number); False: a write transaction holds the whole database, and
     # the numbers are not worth computing.
@@ -193,6 +198,8 @@ class Engine(Protocol):
     def fatal(self, exc: BaseException) -> bool: ...
 
     def connect(self) -> Any: ...
+
+    def close(self, conn: Any) -> None: ...
 
     def begin(self, conn: Any, exclusive: bool, keys: list[int]) -> Callable[[], int]:
         """Start the batch transaction (`exclusive`: a write transaction that
@@ -436,6 +443,22 @@ class _Inline:
         self.paused = False  # tests only: jobs wait until resumed
 
 
+class _Looped:
+    """A writer whose batches run on the event loop, their round trips
+    awaited there (Engine.on_loop): its connections, those free for the next
+    batch, and the batches in flight."""
+
+    __slots__ = ("loop", "links", "idle", "scheduled", "closing", "running")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, links: list[_Link]) -> None:
+        self.loop = loop
+        self.links = links
+        self.idle = list(links)
+        self.scheduled = False  # a dispatch is due on the loop
+        self.closing = False
+        self.running: set[asyncio.Task[None]] = set()
+
+
 def test_hooks_enabled() -> bool:
     return os.environ.get(TEST_HOOKS_VARIABLE) == "1"
 
@@ -459,6 +482,7 @@ class BatchWriter:
         self._jobs = JobLines()
         self._threads: list[threading.Thread] = []
         self._inline: _Inline | None = None
+        self._looped: _Looped | None = None
         self._flusher: Flusher | None = None
         # An inline writer whose flusher also answers this reader: what a read
         # saw may have committed but not reached the disk yet.
@@ -471,8 +495,19 @@ class BatchWriter:
         # the writer threads.
         self.observer: Callable[[int, float, bool, bool], None] | None = None
 
-    def start(self) -> None:
-        # Fail here, in the caller, if the database is unreachable.
+    async def open(self) -> None:
+        """Connect (failing here, in the caller, if the database is
+        unreachable) and start taking jobs."""
+        if not self._engine.on_loop:
+            self._start()
+            return
+        links = [_Link(None) for _ in range(self._connections)]
+        for link in links:
+            link.conn = await run_on_loop(self._engine.connect)
+        self._jobs = JobLines()
+        self._looped = _Looped(asyncio.get_running_loop(), links)
+
+    def _start(self) -> None:
         if self._engine.inline and self._exclusive:
             # Inline (see InlineEngine); an inline engine's readers keep
             # threads of their own, so a read never waits for a write batch.
@@ -493,6 +528,15 @@ class BatchWriter:
 
     async def close(self) -> None:
         """Answer what was submitted, then stop."""
+        looped = self._looped
+        if looped is not None:
+            looped.closing = True
+            while self._jobs.count() or looped.running:  # the last batches
+                await asyncio.sleep(0.001)
+            self._looped = None
+            for link in looped.links:
+                await run_on_loop(self._close, link)
+            return
         inline = self._inline
         if inline is None:
             await asyncio.to_thread(self.stop)
@@ -571,14 +615,19 @@ class BatchWriter:
         return cast(T, await self._submit(fn, True, keys))
 
     async def _submit(self, fn: Callable[[Tx], Any], steps: bool, keys: Keys) -> Any:
-        inline = self._inline
-        if not self._threads and (inline is None or inline.closing):
+        inline, looped = self._inline, self._looped
+        if not self._threads and (inline is None or inline.closing) \
+                and (looped is None or looped.closing):
             raise StoreUnavailable("The store is closed.")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         job = Job(fn, future, loop, steps, current_origin(), keys)
         if inline is None:
             self._jobs.put(job)
+            if looped is not None and not looped.scheduled:
+                # Everything submitted until the loop gets to it may join the batch.
+                looped.scheduled = True
+                loop.call_soon(self._dispatch)
         else:
             inline.pending.append(job)
             if not inline.scheduled:
@@ -612,6 +661,33 @@ class BatchWriter:
         finally:
             inline.engine.give_turn()  # already given by the commit or rollback, unless neither ran
 
+    def _dispatch(self) -> None:
+        """Start a batch on each free connection of a writer on the loop, while
+        jobs are ready for one."""
+        looped = self._looped
+        if looped is None:
+            return
+        looped.scheduled = False
+        while looped.idle:
+            taken = self._jobs.take_ready()
+            if taken is None:
+                return
+            task = looped.loop.create_task(self._batch_on_loop(looped, looped.idle.pop(), *taken))
+            looped.running.add(task)
+            task.add_done_callback(looped.running.discard)
+
+    async def _batch_on_loop(
+        self, looped: _Looped, link: _Link, batch: list[Job[Any]], keys: set[Key]
+    ) -> None:
+        try:
+            await run_on_loop(self._run_batch, link, batch, keys)
+        finally:
+            self._jobs.done(keys)
+            looped.idle.append(link)
+            if not looped.scheduled:
+                looped.scheduled = True
+                looped.loop.call_soon(self._dispatch)
+
     def _run(self, link: _Link) -> None:
         try:
             while True:
@@ -629,7 +705,7 @@ class BatchWriter:
     def _close(self, link: _Link) -> None:
         if link.conn is not None:
             try:
-                link.conn.close()
+                self._engine.close(link.conn)
             except Exception:  # noqa: BLE001 - closing a broken connection
                 pass
             link.conn = None
@@ -711,7 +787,7 @@ class BatchWriter:
         rolled back) at the first operation that raises."""
         clock = self._engine.begin(conn, self._exclusive, numbers)
         if self._hold is not None and not self._hold_at_commit:
-            self._hold(sorted(keys))
+            self._held(keys)
         shared = Batch(isolated=isolated)
         if isolated:
             outcomes, events = self._isolated(conn, batch, clock, shared)
@@ -734,7 +810,7 @@ class BatchWriter:
                     outcomes.append((job, result, None))
                     events.extend(tx.events)
         if self._hold is not None and self._hold_at_commit:
-            self._hold(sorted(keys))
+            self._held(keys)
         try:
             self._finish_and_commit(conn, shared, Tx(self._engine, conn, clock(), [], shared),
                                     events if self._exclusive else [])
@@ -743,6 +819,16 @@ class BatchWriter:
                 raise
             return None  # the replay writes as it goes, in each operation's savepoint
         return outcomes, events
+
+    def _held(self, keys: set[Key]) -> None:
+        """The test hook's call (hold_for_tests): on a thread of its own when
+        the batch runs on the loop, which must go on serving meanwhile."""
+        hold = self._hold
+        assert hold is not None
+        if self._looped is not None:
+            wait_for(asyncio.to_thread(hold, sorted(keys)))
+        else:
+            hold(sorted(keys))
 
     def _finish_and_commit(self, conn: Any, shared: Batch, tx: Tx, events: list[Any]) -> None:
         """Write what the batch gathered, then commit, announcing `events`.
@@ -856,7 +942,10 @@ class BatchWriter:
             by_loop.setdefault(outcome[0].loop, []).append(outcome)
         for loop, done in by_loop.items():
             try:
-                loop.call_soon_threadsafe(_settle, done, events, self._publish)
+                if self._looped is not None and loop is self._looped.loop:
+                    loop.call_soon(_settle, done, events, self._publish)  # on it already
+                else:
+                    loop.call_soon_threadsafe(_settle, done, events, self._publish)
             except RuntimeError:
                 pass  # that loop is closed; nobody is waiting any more
             events = []  # publish each event once, on the first loop

@@ -12,6 +12,11 @@ batch and advanced by the local steady clock (clock.steady_ns) after it,
 judges every expiry, so a replica with a skewed or stepped wall clock never
 decides anything by it.
 
+Everything runs on the event loop's thread: the batches, each in a greenlet
+that awaits its round trips on the loop (store/on_loop.py), and the listener.
+Run on threads, every answer from the database waited for the loop to let go
+of the interpreter lock before it could be read.
+
 Replicas hear about freed locks and slots through LISTEN/NOTIFY; the waiting
 module sweeps its lines now and then in case a notification is lost.
 """
@@ -22,9 +27,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
-import select
-import threading
 from functools import lru_cache
 from typing import Any, Callable, ContextManager, Iterator
 from urllib.parse import urlsplit, urlunsplit
@@ -36,6 +38,7 @@ from fencepost.errors import StoreUnavailable
 from fencepost.store.base import Freed
 from fencepost.store.batch import Cursor
 from fencepost.store.migrate import apply_migrations
+from fencepost.store.on_loop import wait_for
 from fencepost.store.sql.replicas import DatabaseSessions
 from fencepost.store.sql_store import DEFAULT_READERS, SqlStore
 
@@ -98,15 +101,43 @@ def libpq_url(url: str) -> str:
     return urlunsplit(("postgresql", *parts[1:]))
 
 
-class _Connection(psycopg.Connection[Any]):
-    """A connection that runs every statement on one cursor: setting up a fresh
-    cursor is about a third of psycopg's own cost per statement. A statement's
-    rows must therefore be read before the next statement runs (the SQL
-    modules always do), except in a pipeline, where each has its own."""
+class _Connection(psycopg.AsyncConnection[Any]):
+    """A connection driven by the event loop (store/on_loop.py) that runs
+    every statement on one cursor: setting up a fresh cursor is about a third
+    of psycopg's own cost per statement. A statement's rows must therefore be
+    read before the next statement runs (the SQL modules always do), except
+    in a pipeline, where each has its own."""
 
     __slots__ = ("statements", "pipe")
-    statements: psycopg.Cursor[Any]
-    pipe: psycopg.Pipeline | None
+    statements: _Answered
+    pipe: psycopg.AsyncPipeline | None
+
+
+class _Answered:
+    """A cursor whose statement has been answered, read from synchronous code
+    run on the loop (reading an answered cursor waits for nothing)."""
+
+    __slots__ = ("cursor",)
+
+    def __init__(self, cursor: psycopg.AsyncCursor[Any]) -> None:
+        self.cursor = cursor
+
+    def execute(self, sql: str, params: tuple[Any, ...] | None = None) -> _Answered:
+        wait_for(self.cursor.execute(sql, params))
+        return self
+
+    @property
+    def rowcount(self) -> int:
+        return self.cursor.rowcount
+
+    def nextset(self) -> bool | None:
+        return self.cursor.nextset()
+
+    def fetchone(self) -> Any:
+        return wait_for(self.cursor.fetchone())
+
+    def fetchall(self) -> list[Any]:
+        return wait_for(self.cursor.fetchall())
 
 
 class _PipelinedCursor:
@@ -114,41 +145,47 @@ class _PipelinedCursor:
 
     __slots__ = ("_cursor", "_pipe")
 
-    def __init__(self, cursor: psycopg.Cursor[Any], pipe: psycopg.Pipeline) -> None:
+    def __init__(self, cursor: psycopg.AsyncCursor[Any], pipe: psycopg.AsyncPipeline) -> None:
         self._cursor = cursor
         self._pipe = pipe
 
     @property
     def rowcount(self) -> int:
         if self._cursor.pgresult is None:  # not answered yet
-            self._pipe.sync()
+            wait_for(self._pipe.sync())
         return self._cursor.rowcount
 
     def fetchone(self) -> Any:
-        return self._cursor.fetchone()
+        return wait_for(self._cursor.fetchone())
 
     def fetchall(self) -> list[Any]:
-        return self._cursor.fetchall()
+        return wait_for(self._cursor.fetchall())
 
 
 @contextlib.contextmanager
 def _pipelined(conn: _Connection) -> Iterator[None]:
-    with conn.pipeline() as pipe:
-        conn.pipe = pipe
-        try:
-            yield
-        finally:
-            conn.pipe = None
+    manager = conn.pipeline()
+    conn.pipe = wait_for(manager.__aenter__())
+    try:
+        yield
+    except BaseException as exc:
+        conn.pipe = None
+        if not wait_for(manager.__aexit__(type(exc), exc, exc.__traceback__)):
+            raise
+    else:
+        conn.pipe = None
+        wait_for(manager.__aexit__(None, None, None))
 
 
 class PostgresEngine:
     errors: tuple[type[BaseException], ...] = (psycopg.Error,)
     pipelines = True
-    inline = False  # statements are round trips: batches run on writer threads
+    inline = False  # statements are round trips, awaited on the loop (on_loop)
     locks_keys = True  # advisory locks, one per key
     token_sequence: str | None = TOKEN_SEQUENCE
     ticket_sequence: str | None = TICKET_SEQUENCE
     stale_together = True
+    on_loop = True  # round trips awaited on the event loop (store/on_loop.py)
 
     def __init__(
         self, url: str, clock_ms: Callable[[], int] | None, application_name: str
@@ -163,13 +200,16 @@ class PostgresEngine:
         self.seen: tuple[int, int] = (wall_clock_ms(), steady_ns())
 
     def connect(self) -> _Connection:
-        conn = _Connection.connect(
+        conn = wait_for(_Connection.connect(
             self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S, options=SESSION_OPTIONS,
             application_name=self.application_name,
-        )
-        conn.statements = conn.cursor()
+        ))
+        conn.statements = _Answered(conn.cursor())
         conn.pipe = None
         return conn
+
+    def close(self, conn: _Connection) -> None:
+        wait_for(conn.close())
 
     def begin(self, conn: _Connection, exclusive: bool, keys: list[int]) -> Callable[[], int]:
         cur = conn.statements.execute(_begin_write(keys) if exclusive else _BEGIN_READ)
@@ -191,7 +231,9 @@ class PostgresEngine:
 
     def execute(self, conn: _Connection, sql: str, params: tuple[Any, ...]) -> Cursor:
         if conn.pipe is not None:
-            return _PipelinedCursor(conn.cursor().execute(_placeholders(sql), params), conn.pipe)
+            cursor = conn.cursor()
+            wait_for(cursor.execute(_placeholders(sql), params))
+            return _PipelinedCursor(cursor, conn.pipe)
         return conn.statements.execute(_placeholders(sql), params)
 
     def pipeline(self, conn: _Connection) -> ContextManager[None]:
@@ -206,8 +248,8 @@ class PostgresEngine:
         # (batch.py): the notification and the commit go out with them, one
         # statement per message, and the answers are read at the pipeline's end.
         if payloads:
-            conn.execute(_NOTIFY_EACH, (CHANNEL, json.dumps(payloads)))
-        conn.execute("COMMIT")
+            wait_for(conn.execute(_NOTIFY_EACH, (CHANNEL, json.dumps(payloads))))
+        wait_for(conn.execute("COMMIT"))
 
     def fatal(self, exc: BaseException) -> bool:
         if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
@@ -221,7 +263,7 @@ class PostgresEngine:
         db_ms, at = self.seen
         return db_ms + (steady_ns() - at) // 1_000_000
 
-    def broken(self, conn: psycopg.Connection[Any]) -> bool:
+    def broken(self, conn: _Connection) -> bool:
         return bool(conn.closed or conn.broken)
 
 
@@ -238,58 +280,51 @@ def _decode(payload: str) -> Freed | None:
 
 
 class _Listener:
-    """A thread with its own connection, LISTENing for other replicas' events.
-    It waits on the connection's socket and on a pipe of its own, so that
-    `stop` ends it at once rather than at the end of a polling interval (a
-    stopping server, and every test that closes a store, would wait for it)."""
+    """A task on the event loop, with a connection of its own, LISTENing for
+    other replicas' events. It runs on the loop rather than on a thread so
+    that reading every notification (this replica's own among them) never
+    contends with the loop for the interpreter lock."""
 
     def __init__(self, url: str, application_name: str, deliver: Callable[[Freed], None]) -> None:
         self._url = url
         self._application_name = application_name
         self._deliver = deliver
-        self._stop = threading.Event()
-        self._wake_read, self._wake_write = os.pipe()
-        self._thread = threading.Thread(target=self._run, name="fencepost-listen", daemon=True)
+        self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        self._thread.start()
+        self._task = asyncio.get_running_loop().create_task(self._run())
 
-    def stop(self) -> None:
-        """End the thread (again: nothing)."""
-        if self._stop.is_set():
+    async def stop(self) -> None:
+        """End the task (again: nothing)."""
+        task, self._task = self._task, None
+        if task is None:
             return
-        self._stop.set()
-        os.write(self._wake_write, b"x")
-        self._thread.join(timeout=5)
-        if not self._thread.is_alive():  # else it may still look at the pipe
-            os.close(self._wake_read)
-            os.close(self._wake_write)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
+    @property
+    def listening(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def _run(self) -> None:
+        while True:
             try:
-                with psycopg.connect(
+                async with await psycopg.AsyncConnection.connect(
                     self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
                     application_name=self._application_name,
                 ) as conn:
-                    conn.execute(f"LISTEN {CHANNEL}")
-                    while not self._stop.is_set():
-                        # What has arrived, read without waiting (first: what
-                        # came with the LISTEN's answer); then wait until more
-                        # arrives (or the connection ended, which reading it
-                        # raises), or until `stop`.
-                        for note in conn.notifies(timeout=0):
-                            event = _decode(note.payload)
-                            if event is not None:
-                                self._deliver(event)
-                        ready, _, _ = select.select([conn.fileno(), self._wake_read], [], [])
-                        if self._wake_read in ready:
-                            return
+                    await conn.execute(f"LISTEN {CHANNEL}")
+                    # Until the connection ends, which raises.
+                    async for note in conn.notifies():
+                        event = _decode(note.payload)
+                        if event is not None:
+                            self._deliver(event)
             except psycopg.Error as exc:
                 # The database is away; until it is back, waiters rely on the
                 # safety wake (server/waiting.py, SAFETY_WAKE_S).
                 _log.error("listener: %s", exc)
-                self._stop.wait(1.0)
+                await asyncio.sleep(1.0)
 
 
 class PostgresStore(SqlStore):
@@ -306,7 +341,6 @@ class PostgresStore(SqlStore):
         super().__init__(self._engine, sessions, readers, writers)
 
     async def open(self) -> None:
-        loop = asyncio.get_running_loop()
         yoyo_url = urlunsplit(("postgresql+psycopg", *urlsplit(self.url)[1:]))
         try:
             await asyncio.to_thread(apply_migrations, yoyo_url, "postgresql")
@@ -315,17 +349,14 @@ class PostgresStore(SqlStore):
             raise StoreUnavailable(f"Cannot open the PostgreSQL store: {exc}.") from exc
 
         def deliver(event: Freed) -> None:
-            try:
-                loop.call_soon_threadsafe(self._publish, [event])
-            except RuntimeError:
-                pass  # the loop is closed: shutting down
+            self._publish([event])
 
         self._listener = _Listener(self._engine.url, self._engine.application_name, deliver)
         self._listener.start()
 
     async def close(self) -> None:
         if self._listener is not None:
-            await asyncio.to_thread(self._listener.stop)
+            await self._listener.stop()
             self._listener = None
         await super().close()
 

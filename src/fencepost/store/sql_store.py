@@ -132,9 +132,9 @@ class SqlStore:
 
     # --- lifecycle (backends extend open/close) ----------------------------
     async def _start(self) -> None:
-        self._writer.start()
+        await self._writer.open()
         for reader in self._readers:
-            reader.start()
+            await reader.open()
         self._pepper = (await self._writer.run(keys.load_pepper, _KEY_MANAGEMENT)).encode()
         # This replica's own row, and the sequence or counter in one statement.
         await self._writer.run(self._liveness.register, NO_KEYS)

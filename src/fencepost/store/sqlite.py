@@ -45,6 +45,7 @@ class SqliteEngine:
     # the disk; `sync` (on the writer's flusher thread) makes them durable
     # before anyone is answered.
     inline = True
+    on_loop = False  # inline instead: its statements are calls, not round trips
     locks_keys = False  # BEGIN IMMEDIATE holds the whole file
     # Batches are serialised whole (BEGIN IMMEDIATE): the counter row is enough.
     token_sequence: str | None = None
@@ -90,6 +91,9 @@ class SqliteEngine:
         if self._wal is not None:
             os.close(self._wal)
             self._wal = None
+
+    def close(self, conn: sqlite3.Connection) -> None:
+        conn.close()
 
     def connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)

@@ -69,14 +69,26 @@ class JobLines:
         stopping and nothing is left."""
         with self._changed:
             while True:
-                batch, keys = self._next_batch()
-                if batch:
-                    self._held |= keys
-                    return batch, keys
+                taken = self._take_now()
+                if taken is not None:
+                    return taken
                 if self._stopping and not self._waiting:
                     self._changed.notify_all()
                     return None
                 self._changed.wait()
+
+    def take_ready(self) -> tuple[list[Job[Any]], set[Key]] | None:
+        """The next batch and the keys it holds, or None when no job is ready
+        now (never waits: for a writer on the event loop)."""
+        with self._changed:
+            return self._take_now()
+
+    def _take_now(self) -> tuple[list[Job[Any]], set[Key]] | None:
+        batch, keys = self._next_batch()
+        if not batch:
+            return None
+        self._held |= keys
+        return batch, keys
 
     def done(self, keys: set[Key]) -> None:
         with self._changed:
