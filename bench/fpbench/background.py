@@ -116,8 +116,15 @@ def preload_locks(store_url: str, count: int) -> None:
             # server's checkpointer would otherwise copy back during the run).
             # Committed first: a checkpoint cannot copy an open transaction.
             conn.commit()
-            (busy, _, _) = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-            if busy:
+            # A read in flight in the server (its reader, its own checkpointer)
+            # makes a truncating checkpoint give up at once rather than wait:
+            # such reads last milliseconds, so try again for a while.
+            for _ in range(100):
+                (busy, _, _) = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+                if not busy:
+                    break
+                time.sleep(0.1)
+            else:
                 raise RuntimeError("the preloaded locks' write-ahead log could not be checkpointed")
         return
     import psycopg
