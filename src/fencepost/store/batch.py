@@ -7,8 +7,12 @@ store fast under load (the idea behind PostgreSQL's and etcd's group commit).
 
 Where the writer runs depends on the engine:
 
-- on writer threads (PostgreSQL), one per connection: each statement is a
-  round trip, which the thread waits for while the event loop serves;
+- on the loop, awaited (PostgreSQL, an engine `on_loop`): each statement is
+  a round trip, so each connection runs one batch at a time as a task on the
+  event loop, in a greenlet that hands every round trip to the loop to await
+  (store/on_loop.py) while the loop serves;
+- on writer threads, one per connection: a reader of an inline engine, so
+  that a read never waits behind a write batch on the loop;
 - inline (SQLite, an `InlineEngine`): statements are calls into this
   process, so a batch runs on the event loop itself, taking everything
   submitted until the loop got to it. A writer thread would only contend
@@ -492,7 +496,7 @@ class BatchWriter:
         self._generation = 0  # bumped when a connection fails fatally (stale_together)
         # Told each batch's size, its seconds from begin to commit, whether it
         # failed and whether it was replayed isolated (the metrics); called on
-        # the writer threads.
+        # the writer's loop or threads.
         self.observer: Callable[[int, float, bool, bool], None] | None = None
 
     async def open(self) -> None:
@@ -504,7 +508,6 @@ class BatchWriter:
         links = [_Link(None) for _ in range(self._connections)]
         for link in links:
             link.conn = await run_on_loop(self._engine.connect)
-        self._jobs = JobLines()
         self._looped = _Looped(asyncio.get_running_loop(), links)
 
     def _start(self) -> None:
