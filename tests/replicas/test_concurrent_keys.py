@@ -60,6 +60,23 @@ def advisory_waits(url: str) -> int:
     return int(row[0])
 
 
+def hold_open(
+    store: PostgresStore, key: str, at_commit: bool = False
+) -> tuple[threading.Event, threading.Event]:
+    """Make `store`'s batches that hold lock `key` stop (before their
+    operations run, or before their commit) until the second event is set;
+    the first is set when one has stopped."""
+    held, let_go = threading.Event(), threading.Event()
+
+    def hold(keys: list[Key]) -> None:
+        if Key("lock", P, key) in keys:
+            held.set()
+            let_go.wait(60)
+
+    store._writer.hold_for_tests(hold, at_commit=at_commit)
+    return held, let_go
+
+
 def test_the_hold_hook_is_refused_without_test_hooks(monkeypatch) -> None:
     monkeypatch.delenv("FENCEPOST_TEST_HOOKS", raising=False)
     store = PostgresStore("postgresql://nowhere.invalid/none")
@@ -71,14 +88,7 @@ async def test_a_held_lock_stalls_only_itself_across_replicas(monkeypatch) -> No
     monkeypatch.setenv("FENCEPOST_TEST_HOOKS", "1")
     async with two_replicas() as (url, a, b):
         try:
-            held, let_go = threading.Event(), threading.Event()
-
-            def hold(keys: list[Key]) -> None:
-                if Key("lock", P, "slow") in keys:
-                    held.set()
-                    let_go.wait(60)
-
-            a._writer.hold_for_tests(hold)
+            held, let_go = hold_open(a, "slow")
             slow = asyncio.ensure_future(
                 a.acquire_lock(P, "slow", AcquireRequest(token(), 30), wait_alive_ms=None)
             )
@@ -123,14 +133,7 @@ async def test_joins_of_different_lines_do_not_wait_for_each_other(monkeypatch) 
             lines = ["x", *(f"y-{i}" for i in range(20))]
             for key in lines:
                 await grant(a, key)  # every line's lock is held: acquires join
-            held, let_go = threading.Event(), threading.Event()
-
-            def hold(keys: list[Key]) -> None:
-                if Key("lock", P, "x") in keys:
-                    held.set()
-                    let_go.wait(60)
-
-            a._writer.hold_for_tests(hold, at_commit=True)
+            held, let_go = hold_open(a, "x", at_commit=True)
 
             def join(store: PostgresStore, key: str) -> asyncio.Future[Any]:
                 return asyncio.ensure_future(store.acquire_lock(
@@ -154,5 +157,47 @@ async def test_joins_of_different_lines_do_not_wait_for_each_other(monkeypatch) 
             assert ahead.ticket < behind.ticket  # arrival order in x's line
             tickets = [ahead.ticket, behind.ticket, *(o.ticket for o in others)]
             assert len(set(tickets)) == len(tickets)
+        finally:
+            let_go.set()
+
+
+async def test_the_sweep_waits_its_turn_on_a_busy_line_and_keeps_the_place(monkeypatch) -> None:
+    """The sweep's refresh of a line's places waits for a transaction busy on
+    that line (another replica's, held open), then keeps them. It used to
+    skip busy lines: under a steady stream of operations on a line its places
+    ran out, and the reaper dropped waiters that were still parked."""
+    monkeypatch.setenv("FENCEPOST_TEST_HOOKS", "1")
+    async with two_replicas() as (url, a, b):
+        try:
+            await grant(a, "x")
+            parked = await b.acquire_lock(
+                P, "x", AcquireRequest(token(), 30, wait_ms=60_000), wait_alive_ms=2_000)
+            assert isinstance(parked.outcome, Busy) and parked.ticket is not None
+            held, let_go = hold_open(a, "x")
+            busy = asyncio.ensure_future(
+                a.acquire_lock(P, "x", AcquireRequest(token(), 30), wait_alive_ms=None))
+            assert await asyncio.to_thread(held.wait, 60)
+            kept = asyncio.ensure_future(
+                b.keep_waiting({("lock", P, "x"): [parked.ticket]}, 20_000))
+            for _ in range(600):  # until b's refresh waits in the database for the key
+                if await asyncio.to_thread(advisory_waits, url) >= 1:
+                    break
+                await asyncio.sleep(0.05)
+            assert await asyncio.to_thread(advisory_waits, url) == 1
+            assert not kept.done()
+            let_go.set()
+            assert isinstance((await busy).outcome, Busy)
+            assert await kept == {}
+
+            def left_ms() -> int:
+                with psycopg.connect(url, autocommit=True) as conn:
+                    row = conn.execute(
+                        "SELECT alive_until_ms - (extract(epoch FROM clock_timestamp()) * 1000)"
+                        "::bigint FROM lock_waiters WHERE ticket = %s", (parked.ticket,)
+                    ).fetchone()
+                assert row is not None
+                return int(row[0])
+
+            assert await asyncio.to_thread(left_ms) > 10_000  # refreshed, not skipped
         finally:
             let_go.set()

@@ -80,7 +80,9 @@ def test_wake_heads_wakes_the_first_waiter_of_every_line() -> None:
     assert (a.wake.is_set(), b.wake.is_set(), c.wake.is_set()) == (True, False, True)
 
 
-async def test_the_sweep_refreshes_what_ran_out_except_busy_lines(monkeypatch) -> None:
+async def test_the_sweep_refreshes_what_ran_out_and_wakes_who_lost_its_place(
+    monkeypatch,
+) -> None:
     monkeypatch.setattr(waiting, "SWEEP_S", 0.0)
     room = WaitRoom()
     a, b = room.park((LINE,), 1), room.park((LOCK,), 2)  # never refreshed: both running out
@@ -91,11 +93,12 @@ async def test_the_sweep_refreshes_what_ran_out_except_busy_lines(monkeypatch) -
         asked.append(lines)
         assert alive_ms == waiting.WAITER_ALIVE_MS
         swept.set()
-        return [LOCK]  # busy elsewhere: tried again at the next sweep
+        return {LOCK: [2]}  # its place ran out in the store: it must rejoin
 
     await sweep_until(room, keep_waiting, swept)
     assert asked[0] == {LINE: [1], LOCK: [2]}
-    assert a.refreshed > 0 and b.refreshed == 0
+    assert a.refreshed > 0 and not a.wake.is_set()
+    assert b.refreshed == 0 and b.wake.is_set()
 
 
 def test_a_lock_set_parked_on_several_lines_wakes_from_any_and_leaves_all() -> None:
@@ -108,7 +111,7 @@ def test_a_lock_set_parked_on_several_lines_wakes_from_any_and_leaves_all() -> N
     assert room.parked() == 0
 
 
-async def test_a_set_in_a_busy_line_stays_due_though_its_other_line_was_kept(
+async def test_a_set_that_lost_one_of_its_places_is_woken_though_its_other_was_kept(
     monkeypatch,
 ) -> None:
     monkeypatch.setattr(waiting, "SWEEP_S", 0.0)
@@ -118,10 +121,10 @@ async def test_a_set_in_a_busy_line_stays_due_though_its_other_line_was_kept(
 
     async def keep_waiting(lines, alive_ms):  # type: ignore[no-untyped-def]
         swept.set()
-        return [LOCK]
+        return {LOCK: [1]}
 
     await sweep_until(room, keep_waiting, swept)
-    assert both.refreshed == 0
+    assert both.refreshed == 0 and both.wake.is_set()
 
 
 def test_a_wake_up_left_unused_passes_to_the_next_waiter() -> None:
@@ -186,7 +189,8 @@ async def test_two_releases_while_the_heads_retry_is_in_flight_admit_two() -> No
 async def test_the_sweep_refreshes_many_places_in_portions(monkeypatch) -> None:
     # Waiters that parked together fall due together: their places are
     # refreshed in several small store operations, never one large one, and a
-    # lock set whose second line is busy in a later portion stays due.
+    # lock set whose place in its second line is gone (found in a later
+    # portion) is woken, not counted as refreshed.
     monkeypatch.setattr(waiting, "SWEEP_S", 0.0)
     monkeypatch.setattr(waiting, "SWEEP_PORTION", 2)
     room = WaitRoom()
@@ -199,7 +203,7 @@ async def test_the_sweep_refreshes_many_places_in_portions(monkeypatch) -> None:
         asked.append(lines)
         if sum(len(t) for t in asked_tickets(asked)) >= 5:
             swept.set()
-        return [LOCK] if LOCK in lines else []
+        return {LOCK: [4]} if LOCK in lines else {}
 
     def asked_tickets(calls):  # type: ignore[no-untyped-def]
         return [tickets for call in calls for tickets in call.values()]
@@ -209,8 +213,8 @@ async def test_the_sweep_refreshes_many_places_in_portions(monkeypatch) -> None:
     assert [sum(len(t) for t in call.values()) for call in first_sweep] == [2, 2, 1]
     assert sorted(t for call in first_sweep for t in call.get(LINE, [])) == [1, 2, 3, 4]
     assert [t for call in first_sweep for t in call.get(LOCK, [])] == [4]
-    assert all(p.refreshed > 0 for p in singles)
-    assert both.refreshed == 0
+    assert all(p.refreshed > 0 and not p.wake.is_set() for p in singles)
+    assert both.refreshed == 0 and both.wake.is_set()
 
 
 def test_an_expiry_timer_wakes_the_first_waiter_and_the_latest_timer_counts() -> None:

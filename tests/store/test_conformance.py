@@ -163,10 +163,10 @@ async def test_the_sweep_keeps_the_places_it_is_given(store, clock):
     slot_place = await store.acquire_slot(P, "api", wait_ms=2_000, wait_alive_ms=2_000)
     other = await store.acquire_lock(P, "k", req(), wait_alive_ms=2_000)
     clock.advance(1_500)
-    busy = await store.keep_waiting(
+    gone = await store.keep_waiting(
         {("lock", P, "k"): [lock_place.ticket], ("pool", P, "api"): [slot_place.ticket]}, 10_000
     )
-    assert busy == []
+    assert gone == {}
     clock.advance(9_000)  # past the places' own end, within the refreshed end
     await store.reap()
     assert (await store.get_lock(P, "k")).waiters == 1  # the other place lapsed
@@ -237,6 +237,27 @@ async def test_request_quota_is_counted_in_the_store(store, clock):
     assert await store.admit_request("key_b", 2) is None  # per key
     clock.advance(30_000)
     assert await store.admit_request("key_a", 2) is None
+
+
+async def test_the_sweep_reports_the_places_the_store_dropped(store, clock):
+    # A place that ran out and was reaped cannot be refreshed back: the sweep
+    # is told, so that its waiter rejoins instead of waiting on a dead ticket.
+    await grant(store)
+    await store.put_pool(P, "api", PoolConfig(limit=1, queue_size=5))
+    assert (await store.acquire_slot(P, "api", wait_alive_ms=None)).slot is not None
+    lapsed = await store.acquire_lock(P, "k", req(), wait_alive_ms=1_000)
+    kept = await store.acquire_lock(P, "k", req(), wait_alive_ms=5_000)
+    lapsed_slot = await store.acquire_slot(P, "api", wait_ms=5_000, wait_alive_ms=1_000)
+    assert lapsed.ticket is not None and kept.ticket is not None
+    assert lapsed_slot.ticket is not None
+    clock.advance(2_000)
+    await store.reap()
+    gone = await store.keep_waiting(
+        {("lock", P, "k"): [lapsed.ticket, kept.ticket], ("pool", P, "api"): [lapsed_slot.ticket]},
+        10_000,
+    )
+    assert gone == {("lock", P, "k"): [lapsed.ticket], ("pool", P, "api"): [lapsed_slot.ticket]}
+    assert (await store.get_lock(P, "k")).waiters == 1
 
 
 async def test_the_sweep_keeps_a_sets_place_only_in_the_lines_it_is_given(store, clock):

@@ -7,7 +7,9 @@ waiter takes to the store; what used to be a re-check per waiter every second
 (10,000 waiters: 10,000 store operations a second) is one sweep per process
 (`WaitRoom.sweep_forever`): every SWEEP_S it refreshes, in store operations
 of SWEEP_PORTION places each, the places of the parked waiters whose place is
-running out (not refreshed by a retry for REFRESH_AFTER_S), and every
+running out (not refreshed by a retry for REFRESH_AFTER_S), waiting its turn
+on each line like any operation on it; a waiter whose place the store no
+longer has (it ran out all the same) is woken to rejoin. Every
 SAFETY_WAKE_S it wakes the first waiter of each line, the safety net for a
 lost wake-up (a notification that crossed a dropped connection).
 
@@ -80,8 +82,8 @@ SWEEP_PORTION = 250
 T = TypeVar("T")
 Place = tuple[str, str, str]  # (kind, project, name): which line, as the store's Freed names it
 # Refreshes places in the store, each line's tickets to last alive_ms more;
-# returns the lines it skipped as busy (Store.keep_waiting).
-KeepWaiting = Callable[[dict[Place, list[int]], int], Awaitable[list[Place]]]
+# returns, by line, the tickets no longer in line (Store.keep_waiting).
+KeepWaiting = Callable[[dict[Place, list[int]], int], Awaitable[dict[Place, list[int]]]]
 
 
 class ClientGone(Exception):
@@ -252,22 +254,42 @@ class WaitRoom:
             due = self.running_out(started)
             if due:
                 try:
-                    busy: set[Place] = set()
+                    gone: dict[Place, list[int]] = {}
                     for part in _portions(due, SWEEP_PORTION):
-                        busy.update(await keep_waiting(part, WAITER_ALIVE_MS))
+                        for place, tickets in (await keep_waiting(part, WAITER_ALIVE_MS)).items():
+                            gone.setdefault(place, []).extend(tickets)
                 except FencepostError as exc:  # tried again at the next sweep
                     _log.warning("refreshing parked waiters: %s", exc.message)
                 else:
-                    # A lock set's waiter stands in several lines: refreshed
-                    # only once none of them was skipped.
-                    skipped = {id(p) for place in busy for p in due.get(place, ())}
-                    for line in due.values():
-                        for parked in line:
-                            if id(parked) not in skipped:
-                                parked.refreshed = max(parked.refreshed, started)
+                    self._refreshed(due, gone, started)
             if loop.time() - woke >= SAFETY_WAKE_S:
                 woke = loop.time()
                 self.wake_heads()
+
+
+    def _refreshed(
+        self, due: dict[Place, list[_Parked]], gone: dict[Place, list[int]], at: float
+    ) -> None:
+        """Mark the places of `due` refreshed `at`, except those the store no
+        longer has (`gone`): their waiters are woken, and their retry finds
+        them out of line and rejoins at the back (a place that ran out cannot
+        be given back; a waiter left parked on it would never be granted).
+        A lock set's waiter stands in several lines: one gone place is enough."""
+        lost = {(place, ticket) for place, tickets in gone.items() for ticket in tickets}
+        dropped = {
+            id(parked) for place, line in due.items() for parked in line
+            if (place, parked.ticket) in lost
+        }
+        for line in due.values():
+            for parked in line:
+                if id(parked) in dropped:
+                    parked.wake.set()
+                else:
+                    parked.refreshed = max(parked.refreshed, at)
+        if dropped:
+            _log.warning(
+                "%d parked waiters had lost their place in line (not refreshed in time); "
+                "they rejoin at the back", len(dropped))
 
 
 def _portions(

@@ -453,11 +453,12 @@ class Store(Protocol):
 
     async def keep_waiting(
         self, lines: dict[tuple[str, str, str], list[int]], alive_ms: int
-    ) -> list[tuple[str, str, str]]:
+    ) -> dict[tuple[str, str, str], list[int]]:
         """Refresh waiters' places: the tickets of each line (kind, project,
         name) last `alive_ms` from now. One operation for the parked waiters
-        of a process; returns the lines it skipped because another
-        transaction was busy with them (tried again later)."""
+        of a process; returns, by line, the tickets that are no longer in
+        line (their place ran out, or was dropped), whose waiters must
+        rejoin."""
 
     async def reap(self) -> int:
         """Free every dead lease and slot, record the end of expired sessions, and

@@ -499,9 +499,10 @@ class SqlStore:
     # --- background ------------------------------------------------------------
     async def keep_waiting(
         self, waiting: dict[tuple[str, str, str], list[int]], alive_ms: int
-    ) -> list[tuple[str, str, str]]:
-        # No keys declared: it claims each line (see sql/lines.py).
-        return await self._writer.run(lambda tx: lines.keep(tx, waiting, alive_ms), NO_KEYS)
+    ) -> dict[tuple[str, str, str], list[int]]:
+        return await self._writer.run(
+            lambda tx: lines.keep(tx, waiting, alive_ms), lines.keys(waiting)
+        )
 
     async def reap(self) -> int:
         freed = 0
