@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from fencepost.server import waiting
 from fencepost.server.waiting import REFRESH_AFTER_S, WaitRoom
 from fencepost.store.base import Freed
@@ -51,14 +53,15 @@ LOCK = ("lock", "default", "k")
 
 
 async def sweep_until(
-    room: WaitRoom, keep_waiting: waiting.KeepWaiting, swept: asyncio.Event
+    room: WaitRoom, keep_waiting: waiting.KeepWaiting, swept: asyncio.Event, at_once: int = 1
 ) -> None:
     """Run the room's sweep until `keep_waiting` sets `swept`, and let the
     sweep finish its bookkeeping."""
-    sweeper = asyncio.create_task(room.sweep_forever(keep_waiting))
+    sweeper = asyncio.create_task(room.sweep_forever(keep_waiting, at_once))
     try:
         await swept.wait()
-        await asyncio.sleep(0)
+        for _ in range(10):  # the gathered portions' answers, then the bookkeeping
+            await asyncio.sleep(0)
     finally:
         sweeper.cancel()
 
@@ -242,3 +245,35 @@ def test_an_expiry_timer_of_a_line_nobody_waits_in_is_cancelled() -> None:
         assert not room._expiry_timers
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("at_once", [1, 3])
+async def test_the_sweep_keeps_as_many_portions_in_flight_as_the_store_writes_at_once(
+    monkeypatch, at_once: int
+) -> None:
+    # Behind a backlog of long batches, portions refreshed one after another
+    # each wait for a batch of their own: places ran out before the sweep
+    # reached them. Up to the store's writers go at once; never more.
+    monkeypatch.setattr(waiting, "SWEEP_S", 0.0)
+    monkeypatch.setattr(waiting, "SWEEP_PORTION", 1)
+    room = WaitRoom()
+    parked = [room.park((LINE,), ticket) for ticket in range(1, 8)]
+    in_flight, most = 0, 0
+    swept = asyncio.Event()
+    asked: list[int] = []
+
+    async def keep_waiting(lines, alive_ms):  # type: ignore[no-untyped-def]
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        await asyncio.sleep(0.01)
+        in_flight -= 1
+        asked.extend(lines[LINE])
+        if len(asked) >= len(parked):
+            swept.set()
+        return {}
+
+    await sweep_until(room, keep_waiting, swept, at_once)
+    assert sorted(asked[:len(parked)]) == list(range(1, 8))
+    assert most == at_once
+    assert all(p.refreshed > 0 for p in parked)

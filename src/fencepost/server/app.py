@@ -162,7 +162,7 @@ class App:
         collector.tune()  # everything made so far lives as long as the process
         self._reaper = asyncio.create_task(_reap_forever(self.store, self.metrics))
         self._sweeper = asyncio.create_task(
-            self.services.waiters.sweep_forever(self.store.keep_waiting)
+            self.services.waiters.sweep_forever(self.store.keep_waiting, self.store.writers)
         )
 
     def stop_being_ready(self) -> None:

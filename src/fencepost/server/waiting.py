@@ -243,9 +243,14 @@ class WaitRoom:
         for kind, project, name in list(self._lines):
             self.on_freed(Freed(kind, project, name))
 
-    async def sweep_forever(self, keep_waiting: KeepWaiting) -> None:
+    async def sweep_forever(self, keep_waiting: KeepWaiting, at_once: int = 1) -> None:
         """Keep the parked waiters' places alive in the store, and wake each
-        line's first waiter now and then (see the module docstring)."""
+        line's first waiter now and then (see the module docstring). Up to
+        `at_once` portions are refreshed at a time (the store's
+        `Store.writers`): one after another, each portion would wait for a
+        batch of its own, and behind a backlog of long batches (10,000
+        waiters joining at once on PostgreSQL) the places ran out before the
+        sweep reached them."""
         loop = asyncio.get_running_loop()
         woke = loop.time()
         while True:
@@ -254,10 +259,7 @@ class WaitRoom:
             due = self.running_out(started)
             if due:
                 try:
-                    gone: dict[Place, list[int]] = {}
-                    for part in _portions(due, SWEEP_PORTION):
-                        for place, tickets in (await keep_waiting(part, WAITER_ALIVE_MS)).items():
-                            gone.setdefault(place, []).extend(tickets)
+                    gone = await _keep_all(keep_waiting, _portions(due, SWEEP_PORTION), at_once)
                 except FencepostError as exc:  # tried again at the next sweep
                     _log.warning("refreshing parked waiters: %s", exc.message)
                 else:
@@ -265,7 +267,6 @@ class WaitRoom:
             if loop.time() - woke >= SAFETY_WAKE_S:
                 woke = loop.time()
                 self.wake_heads()
-
 
     def _refreshed(
         self, due: dict[Place, list[_Parked]], gone: dict[Place, list[int]], at: float
@@ -290,6 +291,23 @@ class WaitRoom:
             _log.warning(
                 "%d parked waiters had lost their place in line (not refreshed in time); "
                 "they rejoin at the back", len(dropped))
+
+
+async def _keep_all(
+    keep_waiting: KeepWaiting, portions: list[dict[Place, list[int]]], at_once: int
+) -> dict[Place, list[int]]:
+    """Refresh every portion, `at_once` at a time; the tickets gone, by line."""
+    gate = asyncio.Semaphore(at_once)
+
+    async def keep(part: dict[Place, list[int]]) -> dict[Place, list[int]]:
+        async with gate:
+            return await keep_waiting(part, WAITER_ALIVE_MS)
+
+    gone: dict[Place, list[int]] = {}
+    for dropped in await asyncio.gather(*map(keep, portions)):
+        for place, tickets in dropped.items():
+            gone.setdefault(place, []).extend(tickets)
+    return gone
 
 
 def _portions(

@@ -263,6 +263,8 @@ class Store(Protocol):
     """Durable state. All methods are coroutines safe to call concurrently."""
 
     url_scheme: str
+    # How many write batches the store runs at once (SQLite: its one writer).
+    writers: int
 
     async def open(self) -> None:
         """Connect, create or migrate the schema, and start background work."""

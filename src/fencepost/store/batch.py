@@ -400,6 +400,7 @@ class Job(Generic[T]):
     keys: Keys = NO_KEYS
     order: int = 0  # its place in submission order (writer_lines.py)
     taken: bool = False  # into a batch (writer_lines.py)
+    ahead: bool = False  # goes before the jobs already waiting on its keys (BatchWriter.run)
 
     def run_whole(self, tx: Tx) -> Any:
         if not self.steps:
@@ -605,26 +606,30 @@ class BatchWriter:
             return len(self._inline.pending)
         return self._jobs.count()
 
-    async def run(self, fn: Callable[[Tx], T | Refused], keys: Keys) -> T:
+    async def run(self, fn: Callable[[Tx], T | Refused], keys: Keys, ahead: bool = False) -> T:
         """The result of the plain operation `fn`, which touches `keys` (NO_KEYS
         only for an operation that touches no lock, pool or quota, or claims
         what it touches), once its batch has committed; its Refused's error
-        raised."""
-        return cast(T, await self._submit(fn, False, keys))
+        raised. `ahead`: it goes before the jobs already waiting on its keys,
+        for upkeep whose order among them does not matter and which must not
+        wait behind a backlog (the waiters' sweep keeping their places alive)."""
+        return cast(T, await self._submit(fn, False, keys, ahead))
 
     async def run_steps(self, fn: Callable[[Tx], Step[T | Refused]], keys: Keys) -> T:
         """The result of the step operation `fn`, which touches `keys`, once
         its batch has committed; its Refused's error raised."""
         return cast(T, await self._submit(fn, True, keys))
 
-    async def _submit(self, fn: Callable[[Tx], Any], steps: bool, keys: Keys) -> Any:
+    async def _submit(
+        self, fn: Callable[[Tx], Any], steps: bool, keys: Keys, ahead: bool = False
+    ) -> Any:
         inline, looped = self._inline, self._looped
         if not self._threads and (inline is None or inline.closing) \
                 and (looped is None or looped.closing):
             raise StoreUnavailable("The store is closed.")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        job = Job(fn, future, loop, steps, current_origin(), keys)
+        job = Job(fn, future, loop, steps, current_origin(), keys, ahead=ahead)
         if inline is None:
             self._jobs.put(job)
             if looped is not None and not looped.scheduled:

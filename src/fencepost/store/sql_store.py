@@ -103,6 +103,7 @@ class SqlStore:
         self._listeners: list[FreedListener] = []
         self._event_listeners: list[EventListener] = []
         self.health = WriteHealth()
+        self.writers = writers
         # `writers` connections, each running one batch at a time; batches on
         # different keys run concurrently (see batch.py).
         self._writer = BatchWriter(
@@ -500,8 +501,10 @@ class SqlStore:
     async def keep_waiting(
         self, waiting: dict[tuple[str, str, str], list[int]], alive_ms: int
     ) -> dict[tuple[str, str, str], list[int]]:
+        # Ahead of the operations waiting on those lines: behind a backlog
+        # (10,000 waiters joining at once) places would run out first.
         return await self._writer.run(
-            lambda tx: lines.keep(tx, waiting, alive_ms), lines.keys(waiting)
+            lambda tx: lines.keep(tx, waiting, alive_ms), lines.keys(waiting), ahead=True
         )
 
     async def reap(self) -> int:
