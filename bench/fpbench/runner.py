@@ -134,6 +134,12 @@ def _measure(system: System, workload: str, seconds: int, connections: int, warm
         line = parker.stdout.readline().strip()
         if not line.startswith("parked "):
             raise RuntimeError(f"could not park the waiters: {line or parker.wait()}")
+        in_line = int(line.split()[1])
+        if in_line < PARKED_WAITERS:
+            # Fewer waiters is not workload (e): it would flatter the server
+            # whose waiters fell out of line.
+            raise RuntimeError(f"only {in_line} of {PARKED_WAITERS} waiters were in line "
+                               "when parking ended")
         row = _measure_load(system, workload, seconds, connections, warmup, install,
                             profile_dir)
         row.loader += f"; {line.split()[1]} waiters parked on {PARKED_LOCKS} locks"
