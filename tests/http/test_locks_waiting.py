@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import socket
+import sqlite3
 import threading
 import time
 import uuid
@@ -14,8 +15,10 @@ from typing import Any
 
 import httpx
 
+from fencepost.server.waiting import REFRESH_AFTER_S
 from lock_support import acquire, release, renew
 from support import (
+    WAKE_UPS_ONLY,
     ServerProcess,
     assert_error,
     lock_headers,
@@ -459,3 +462,36 @@ def test_reaper_frees_an_expired_release_lease_nobody_touches(member: httpx.Clie
     nxt = acquire(member, key, new_token())
     assert nxt.status_code == 201
     assert nxt.json()["fencing_token"] > grant.json()["fencing_token"]
+
+
+def test_a_waiter_whose_place_the_store_dropped_rejoins_the_line(tmp_path) -> None:
+    """A parked waiter whose place the store no longer has (the reaper drops
+    a place that ran out, as happened to thousands of waiters arriving at
+    once) is found by the sweep's next refresh and rejoins at the back,
+    instead of waiting on a ticket nobody will grant. No safety wake here:
+    only the sweep can find it."""
+    server = ServerProcess(
+        tmp_path / "dropped", extra_env={**WAKE_UPS_ONLY, "FENCEPOST_SWEEP_S": "0.5"}).start()
+    try:
+        with server.client() as c:
+            key, holder = unique_name("dropped"), new_token()
+            assert acquire(c, key, holder, ttl=60).status_code == 201
+            first = start_waiter(server, server.admin_key, key, "first", wait_seconds=60)
+            assert wait_for(lambda: waiters(c, key) == 1), "first never got in line"
+            second = start_waiter(server, server.admin_key, key, "second", wait_seconds=60)
+            assert wait_for(lambda: waiters(c, key) == 2), "second never got in line"
+            with sqlite3.connect(server.db_path) as db:  # the second's place is dropped
+                db.execute(
+                    "DELETE FROM lock_waiters WHERE ticket = "
+                    "(SELECT max(ticket) FROM lock_waiters WHERE key = ?)", (key,))
+            assert waiters(c, key) == 1
+            # Its place is refreshed once no retry did for REFRESH_AFTER_S.
+            assert wait_for(lambda: waiters(c, key) == 2, timeout=REFRESH_AFTER_S + 10), \
+                "the waiter whose place was dropped never rejoined"
+            assert release(c, key, holder).json() == {"released": True}
+            granted = first.join()
+            assert granted.status_code == 201, granted.text
+            assert release(c, key, first.token).json() == {"released": True}
+            assert second.join().status_code == 201
+    finally:
+        server.stop()
