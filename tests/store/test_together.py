@@ -277,3 +277,26 @@ def test_gathered_acquires_look_up_their_own_keys_beside_thousands_of_waiters():
         conn.rollback()
     assert granted == (20,)  # the statement did grant them all
     assert _relation_rows(plan[0]["Plan"], "lock_waiters") < 1000, plan
+
+
+async def test_a_join_draws_its_ticket_in_the_statement_that_places_it(store, clock):
+    # Each undecided operation's statements are round trips on PostgreSQL,
+    # waited for one after another: the ticket comes from the sequence inside
+    # the waiter's insert, not from a statement of its own. The line still
+    # orders joins by arrival, one ticket per set across its lines.
+    if isinstance(store, SqliteStore):
+        pytest.skip("SQLite's statements are calls in this process, not round trips")
+    await grant(store, "joined-a")
+    await grant(store, "joined-b")
+    with wire_trace(store) as lines:
+        first = await store.acquire_lock(
+            P, "joined-a", AcquireRequest(token(), 30, wait_ms=60_000), wait_alive_ms=10_000)
+        both = await store.acquire_lock_set(
+            P, ["joined-a", "joined-b"], AcquireRequest(token(), 30, wait_ms=60_000),
+            wait_alive_ms=10_000)
+    assert not [line for line in lines if "nextval" in line and "INSERT" not in line], \
+        summary(lines)
+    assert first.ticket is not None and both.ticket is not None
+    assert first.ticket < both.ticket
+    assert (await store.get_lock(P, "joined-a")).waiters == 2
+    assert (await store.get_lock(P, "joined-b")).waiters == 1

@@ -299,6 +299,12 @@ def _lease_values(project: str, lease: Lease) -> tuple[Any, ...]:
     )
 
 
+_PLACE_COLUMNS = (
+    "(ticket, project, key, lock_token, alive_until_ms, replica, key_id, since_ms, "
+    "gives_up_ms, mode)"
+)
+
+
 def join_line(
     tx: Tx, project: str, keys: Sequence[str], request: AcquireRequest, place: Place
 ) -> int:
@@ -311,23 +317,29 @@ def join_line(
     callers that came before it on any of its keys. On PostgreSQL from a
     sequence, so joins of different lines never wait for each other; on
     SQLite from the counter row (its batches take turns anyway)."""
+    # since/gives_up are only shown (SPEC §3.4); a waiter that rejoins after
+    # being dropped as dead shows its new place, measured from the rejoin.
+    def place_of(key: str) -> tuple[Any, ...]:
+        return (project, key, request.lock_token, tx.now_ms + place.alive_ms, place.replica,
+                request.key_id, tx.now_ms, tx.now_ms + request.wait_ms, request.mode.value)
+
     sequence = tx.engine.ticket_sequence
+    rest = list(keys)
     if sequence is not None:
-        (drawn,) = tx.execute(f"SELECT nextval('{sequence}')").fetchone()
+        # The first line's place draws the ticket itself: one round trip, not two.
+        (drawn,) = tx.execute(
+            f"INSERT INTO lock_waiters {_PLACE_COLUMNS} VALUES (nextval('{sequence}'), "
+            "?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING ticket", place_of(rest.pop(0)),
+        ).fetchone()
     else:
         (drawn,) = tx.execute(
             "UPDATE counters SET value = value + 1 WHERE name = 'lock_ticket' RETURNING value"
         ).fetchone()
     ticket = int(drawn)
-    # since/gives_up are only shown (SPEC §3.4); a waiter that rejoins after
-    # being dropped as dead shows its new place, measured from the rejoin.
-    for key in keys:
+    for key in rest:
         tx.execute(
-            "INSERT INTO lock_waiters (ticket, project, key, lock_token, alive_until_ms, "
-            "replica, key_id, since_ms, gives_up_ms, mode) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (ticket, project, key, request.lock_token, tx.now_ms + place.alive_ms,
-             place.replica, request.key_id, tx.now_ms, tx.now_ms + request.wait_ms,
-             request.mode.value),
+            f"INSERT INTO lock_waiters {_PLACE_COLUMNS} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (ticket, *place_of(key)),
         )
     return ticket
 
