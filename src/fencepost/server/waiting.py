@@ -7,9 +7,10 @@ waiter takes to the store; what used to be a re-check per waiter every second
 (10,000 waiters: 10,000 store operations a second) is one sweep per process
 (`WaitRoom.sweep_forever`): every SWEEP_S it refreshes, in store operations
 of SWEEP_PORTION places each, the places of the parked waiters whose place is
-running out (not refreshed by a retry for REFRESH_AFTER_S), waiting its turn
-on each line like any operation on it; a waiter whose place the store no
-longer has (it ran out all the same) is woken to rejoin. Every
+running out (not refreshed by a retry for REFRESH_AFTER_S), holding each
+line's key like any operation on it but ahead of those queued for it; a
+waiter whose place the store no longer has (it ran out all the same) is
+woken to rejoin. Every
 SAFETY_WAKE_S it wakes the first waiter of each line, the safety net for a
 lost wake-up (a notification that crossed a dropped connection).
 

@@ -3,8 +3,10 @@ one operation (server/waiting.py sweeps with it).
 
 Contract: a line's places are refreshed only while the transaction holds the
 line's key, which the operation declares (`keys`) like every operation on
-that line, so it waits its turn behind them, never deadlocked (keys are
-taken in sorted order). It used to claim each line without waiting and skip
+that line: it waits for a transaction that holds the key, never deadlocked
+(keys are taken in sorted order), though it goes ahead of the operations
+still queued for it (SqlStore.keep_waiting). It used to claim each line
+without waiting and skip
 the busy ones: on PostgreSQL, under a steady stream of operations on a line
 (10,000 waiters joining the lines of 100 locks), most lines were busy at
 every sweep, their places ran out, and the reaper dropped waiters that were
@@ -25,7 +27,7 @@ _CHUNK = 500
 
 def keys(waiting: dict[Line, list[int]]) -> Keys:
     """The keys of the lines `keep` refreshes."""
-    return tuple(sorted(Key(*line) for line in waiting))
+    return tuple(Key(*line) for line in waiting)
 
 
 def keep(tx: Tx, waiting: dict[Line, list[int]], alive_ms: int) -> dict[Line, list[int]]:
