@@ -139,22 +139,32 @@ def test_a_wake_up_left_unused_passes_to_the_next_waiter() -> None:
 
 
 class _GatedLine:
-    """A pool line whose retries wait for the test to answer them, so that an
-    event can be made to arrive while a retry is in flight."""
+    """A pool line whose tries wait for the test to answer them, so that an
+    event can be made to arrive while a try is in flight. A first try's
+    answer is a ticket (a join; None: granted), a retry's a grant (None:
+    still refused)."""
 
     places = (LINE,)
 
     def __init__(self) -> None:
-        self.retries: asyncio.Queue[tuple[int, asyncio.Future[str | None]]] = asyncio.Queue()
+        # (what the try holds: None for a first try, else its ticket; the answer)
+        self.tries: asyncio.Queue[tuple[int | None, asyncio.Future]] = asyncio.Queue()
+
+    async def _asked(self, ticket: int | None):  # type: ignore[no-untyped-def]
+        answer: asyncio.Future = asyncio.get_running_loop().create_future()
+        await self.tries.put((ticket, answer))
+        return await answer
 
     async def try_once(self, wait: bool) -> waiting.Outcome[str]:
-        raise AssertionError("not used")
+        ticket = await self._asked(None)
+        if ticket is None:
+            return waiting.Outcome("slot-at-once")
+        return waiting.Outcome(None, ticket=ticket, refusal=RuntimeError("busy"))  # type: ignore[arg-type]
 
     async def retry(self, ticket: int) -> waiting.Outcome[str]:
-        answer: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
-        await self.retries.put((ticket, answer))
-        granted = await answer
-        return waiting.Outcome(granted, ticket=None if granted else ticket)
+        granted = await self._asked(ticket)
+        return waiting.Outcome(granted, ticket=None if granted else ticket,
+                               refusal=None if granted else RuntimeError("busy"))  # type: ignore[arg-type]
 
     async def leave(self, ticket: int) -> None:
         pass
@@ -166,27 +176,112 @@ class _GatedLine:
         return TimeoutError()
 
 
+def _waiting(room: WaitRoom, line: _GatedLine, gone: asyncio.Event) -> asyncio.Task[str]:
+    return asyncio.create_task(waiting.wait_for_grant(room, line, 60.0, gone))
+
+
+async def _answer(line: _GatedLine, holding: int | None, answer: object) -> None:
+    ticket, future = await asyncio.wait_for(line.tries.get(), timeout=5.0)
+    assert ticket == holding
+    future.set_result(answer)
+
+
 async def test_two_releases_while_the_heads_retry_is_in_flight_admit_two() -> None:
     # Two slots are freed; the first release wakes the head, whose retry is in
     # flight (its wake cleared) when the second release's event arrives. That
     # event lands on the head again; the head is admitted by its retry, and the
     # second waiter must still be woken, not left for the safety wake.
     room, line, gone = WaitRoom(), _GatedLine(), asyncio.Event()
-    head = asyncio.create_task(waiting._wait(room, line, 1, 60.0, gone))
-    nxt = asyncio.create_task(waiting._wait(room, line, 2, 60.0, gone))
-    for _ in range(2):  # both park and make their first retry: refused
-        _, answer = await line.retries.get()
-        answer.set_result(None)
+    head = _waiting(room, line, gone)
+    await _answer(line, None, 1)  # joins: ticket 1
+    nxt = _waiting(room, line, gone)
+    await _answer(line, None, 2)
+    await asyncio.sleep(0)  # both parked under their tickets
     room.on_freed(Freed(*LINE))  # the first release: wakes the head
-    ticket, answer = await line.retries.get()
+    ticket, answer = await line.tries.get()
     assert ticket == 1
     room.on_freed(Freed(*LINE))  # the second release, while the head's retry runs
     answer.set_result("slot-1")
     assert await head == "slot-1"
-    ticket, answer = await asyncio.wait_for(line.retries.get(), timeout=1.0)
-    assert ticket == 2  # woken by the event the head did not need
-    answer.set_result("slot-2")
+    await _answer(line, 2, "slot-2")  # woken by the event the head did not need
     assert await nxt == "slot-2"
+
+
+async def test_a_join_needs_no_retry_unless_an_event_came_while_it_was_in_flight() -> None:
+    # The waiter parks before its first try: a release while the join is in
+    # flight wakes it, and it retries at once; a join that nothing crossed
+    # waits for an event, with no retry (one store operation per waiter).
+    room, line, gone = WaitRoom(), _GatedLine(), asyncio.Event()
+    quiet = _waiting(room, line, gone)
+    await _answer(line, None, 1)
+    for _ in range(5):
+        await asyncio.sleep(0)  # the event loop's turns, not a wall-clock bound
+    assert line.tries.empty() and not quiet.done()  # joined, parked, no retry
+    crossed = _waiting(room, line, gone)
+    ticket, join = await line.tries.get()
+    assert ticket is None
+    room.on_freed(Freed(*LINE))  # while the second join is in flight ...
+    assert room._lines[LINE][0].wake.is_set()  # ... it goes to the first waiter
+    room.on_freed(Freed(*LINE))  # a second event: to the waiter still joining
+    join.set_result(2)
+    await _answer(line, 1, None)  # the first waiter was woken: it retries
+    await _answer(line, 2, "slot-2")  # the joining one was woken too: it retries at once
+    assert await crossed == "slot-2"
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert line.tries.empty() and not quiet.done()  # refused, parked again: no retry
+    room.on_freed(Freed(*LINE))
+    await _answer(line, 1, "slot-1")
+    assert await quiet == "slot-1"
+
+
+async def test_a_waiter_that_joins_takes_its_place_by_ticket_not_by_arrival() -> None:
+    # Parked provisionally while the join is in flight, a waiter stands behind
+    # every waiter with a ticket; its ticket then places it (an earlier
+    # ticket drawn by a join that finished later goes ahead).
+    room, line, gone = WaitRoom(), _GatedLine(), asyncio.Event()
+    early = _waiting(room, line, gone)
+    late = _waiting(room, line, gone)
+    (_, join_early), (_, join_late) = await line.tries.get(), await line.tries.get()
+    join_late.set_result(7)
+    await asyncio.sleep(0)
+    assert [p.ticket for p in room._lines[LINE]][0] == 7  # the provisional stands behind
+    join_early.set_result(5)
+    await asyncio.sleep(0)
+    assert [p.ticket for p in room._lines[LINE]] == [5, 7]
+    room.on_freed(Freed(*LINE))
+    await _answer(line, 5, "slot-5")
+    assert await early == "slot-5"
+    gone.set()
+    with pytest.raises(waiting.ClientGone):
+        await late
+    assert not room._lines
+
+
+async def test_a_waiter_granted_or_refused_at_its_first_try_leaves_no_parked_trace() -> None:
+    room, line, gone = WaitRoom(), _GatedLine(), asyncio.Event()
+    other = _waiting(room, line, gone)
+    await _answer(line, None, 1)
+    at_once = _waiting(room, line, gone)
+    _, join = await line.tries.get()
+    room.on_freed(Freed(*LINE))  # lands on the first waiter
+    room.on_freed(Freed(*LINE))  # lands on the provisional one, which then needs none
+    join.set_result(None)  # granted at its first try
+    assert await at_once == "slot-at-once"
+    assert [p.ticket for p in room._lines[LINE]] == [1]
+    await _answer(line, 1, None)
+    gone.set()
+    with pytest.raises(waiting.ClientGone):
+        await other
+    assert not room._lines
+
+
+def test_the_sweep_leaves_provisional_waiters_alone() -> None:
+    room = WaitRoom()
+    joined = room.park((LINE,), 3)
+    joining = room.park((LINE,))
+    assert joining.provisional and not joined.provisional
+    assert room.running_out(1e9) == {LINE: [joined]}
 
 
 async def test_the_sweep_refreshes_many_places_in_portions(monkeypatch) -> None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import itertools
 import logging
 import os
 from dataclasses import KW_ONLY, dataclass, field
@@ -133,12 +134,26 @@ class Line(Protocol[T]):
         """The answer to a wait that ran out, from its last refusal."""
 
 
+# A waiter parks before its first try, so that no wake-up between the store's
+# join and the parking is lost; until the try tells its ticket it stands
+# behind every real ticket (each store's tickets stay below 2^53), in arrival
+# order among the others still trying.
+_PROVISIONAL = 1 << 62
+_provisional_tickets = itertools.count(_PROVISIONAL)
+
+
 @dataclass(order=True, slots=True)
 class _Parked:
     ticket: int
     wake: asyncio.Event = field(compare=False, default_factory=asyncio.Event)
     # When the place was last refreshed in the store (loop time).
     refreshed: float = field(compare=False, default=0.0)
+
+    @property
+    def provisional(self) -> bool:
+        """Parked before its first try told it a ticket: no place in the
+        store yet, so none to refresh."""
+        return self.ticket >= _PROVISIONAL
 
 
 class WaitRoom:
@@ -172,13 +187,25 @@ class WaitRoom:
         """How many requests wait in this process now (the metrics)."""
         return sum(len(line) for line in self._lines.values())
 
-    def park(self, places: tuple[Place, ...], ticket: int) -> _Parked:
+    def park(self, places: tuple[Place, ...], ticket: int | None = None) -> _Parked:
         """Park one waiter in every line it stands in (a lock set stands in
-        several): an event on any of them wakes it."""
-        parked = _Parked(ticket)
+        several): an event on any of them wakes it. Without a ticket it
+        parks provisionally, behind every waiter with one, until `reticket`."""
+        parked = _Parked(next(_provisional_tickets) if ticket is None else ticket)
         for place in places:
             bisect.insort(self._lines.setdefault(place, []), parked)
         return parked
+
+    def reticket(self, places: tuple[Place, ...], parked: _Parked, ticket: int) -> None:
+        """Move a parked waiter to its place by `ticket` (the one its first
+        try drew). A wake-up it received meanwhile stays with it."""
+        for place in places:
+            waiting = self._lines.get(place)
+            if waiting is not None and parked in waiting:
+                waiting.remove(parked)
+        parked.ticket = ticket
+        for place in places:
+            bisect.insort(self._lines.setdefault(place, []), parked)
 
     def unpark(self, places: tuple[Place, ...], parked: _Parked) -> None:
         """Take a waiter out of its lines. A wake-up it received and will not
@@ -234,7 +261,8 @@ class WaitRoom:
         due = now - REFRESH_AFTER_S
         found: dict[Place, list[_Parked]] = {}
         for place, line in self._lines.items():
-            stale = [parked for parked in line if parked.refreshed <= due]
+            stale = [parked for parked in line
+                     if parked.refreshed <= due and not parked.provisional]
             if stale:
                 found[place] = stale
         return found
@@ -342,15 +370,37 @@ async def wait_for_grant(room: WaitRoom, line: Line[T], wait_s: float, gone: asy
     server stops. A grant that arrives after the caller left is handed straight
     back: never leave a lease or a slot with someone who is gone.
     """
-    first = await line.try_once(wait_s > 0)
-    if first.granted is not None:
-        return first.granted
-    if first.wait_s is not None:
-        wait_s = first.wait_s
-    if first.ticket is None:
+    if wait_s <= 0:
+        first = await line.try_once(False)
+        if first.granted is not None:
+            return first.granted
         assert first.refusal is not None
         raise first.refusal
-    granted = await _wait(room, line, first.ticket, wait_s, gone)
+    # Parked before the first try: an event that arrives while the join is in
+    # flight (a release right after it) wakes this waiter, which then retries.
+    # Parking only after the join would need a retry right after every join
+    # to catch such an event: two store operations per waiter, and a flood of
+    # 10,000 waiters is 20,000 of them.
+    loop = asyncio.get_running_loop()
+    places = line.places
+    parked = room.park(places)
+    tried = loop.time()
+    try:
+        first = await line.try_once(True)
+    except BaseException:
+        room.unpark(places, parked)
+        raise
+    if first.granted is not None or first.ticket is None:  # no place in line
+        room.unpark(places, parked)
+        if first.granted is not None:
+            return first.granted
+        assert first.refusal is not None
+        raise first.refusal
+    if first.wait_s is not None:
+        wait_s = first.wait_s
+    room.reticket(places, parked, first.ticket)
+    parked.refreshed = tried  # the join placed it with a full WAITER_ALIVE_MS
+    granted = await _wait(room, line, parked, first, wait_s, gone)
     await asyncio.sleep(0)  # let a connection loss already queued be seen
     if gone.is_set():
         await line.hand_back(granted)
@@ -359,24 +409,40 @@ async def wait_for_grant(room: WaitRoom, line: Line[T], wait_s: float, gone: asy
 
 
 async def _wait(
-    room: WaitRoom, line: Line[T], ticket: int, wait_s: float, gone: asyncio.Event
+    room: WaitRoom, line: Line[T], parked: _Parked, joined: Outcome[T], wait_s: float,
+    gone: asyncio.Event,
 ) -> T:
-    """Wait in line holding `ticket`. Whatever ends the wait other than a
-    grant, the place in line is given up."""
+    """Wait in line, parked as `parked` after a join that gave `joined`.
+    Whatever ends the wait other than a grant, the place in line is given
+    up."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
     places = line.places
-    parked = room.park(places, ticket)
+    ticket = parked.ticket
+    outcome = joined
     granted = False
     try:
         while True:
             if gone.is_set():
                 raise ClientGone()
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise line.timed_out(outcome)
+            if outcome.frees_in_s is not None and outcome.frees_in_s < remaining:
+                room.wake_first_at(places, outcome.frees_in_s)
+            # Woken by the store's events (and the sweep's safety wake), or
+            # when a refusal is known to end (a lock delay, a pool's pacing).
+            # A wake-up that came while the last try was in flight is
+            # already set: then this returns at once.
+            pause = min(remaining, outcome.recheck_s or remaining)
+            await _wait_any((parked.wake, gone, room.closing), max(pause, 0.005))
+            if gone.is_set():
+                raise ClientGone()
+            if room.closing.is_set():
+                raise ShuttingDown()
             # Clear before retrying, never after: a wake-up that arrives while
-            # the retry is in flight must survive to end the wait below.
+            # the retry is in flight must survive to end the next wait.
             parked.wake.clear()
-            # Retry at once after parking too: a wake-up between joining the line
-            # and parking would otherwise be missed.
             retried = loop.time()
             outcome = await line.retry(ticket)
             parked.refreshed = retried
@@ -387,22 +453,8 @@ async def _wait(
                 assert outcome.refusal is not None
                 raise outcome.refusal
             if outcome.ticket != ticket:  # rejoined at the back after being dropped
-                room.unpark(places, parked)
                 ticket = outcome.ticket
-                parked = room.park(places, ticket)
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                raise line.timed_out(outcome)
-            if outcome.frees_in_s is not None and outcome.frees_in_s < remaining:
-                room.wake_first_at(places, outcome.frees_in_s)
-            # Woken by the store's events (and the sweep's safety wake), or
-            # when a refusal is known to end (a lock delay, a pool's pacing).
-            pause = min(remaining, outcome.recheck_s or remaining)
-            await _wait_any((parked.wake, gone, room.closing), max(pause, 0.005))
-            if gone.is_set():
-                raise ClientGone()
-            if room.closing.is_set():
-                raise ShuttingDown()
+                room.reticket(places, parked, ticket)
     finally:
         room.unpark(places, parked)
         if not granted:
