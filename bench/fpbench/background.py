@@ -90,8 +90,9 @@ async def park(url: str, key: str, lock_count: int, waiters: int) -> None:
         if in_line >= waiters:
             break
         await asyncio.sleep(0.5)
-    # Each parked request re-checks once right after joining its line: let
-    # those settle before the measurement starts.
+    # A waiter counts as in line once its join has committed; let the
+    # server finish answering and parking the last of them before the
+    # measurement starts.
     await asyncio.sleep(_SETTLE_S)
     print(f"parked {in_line}", flush=True)
     await asyncio.Event().wait()  # until killed
