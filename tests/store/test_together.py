@@ -300,3 +300,21 @@ async def test_a_join_draws_its_ticket_in_the_statement_that_places_it(store, cl
     assert first.ticket < both.ticket
     assert (await store.get_lock(P, "joined-a")).waiters == 2
     assert (await store.get_lock(P, "joined-b")).waiters == 1
+
+
+async def test_a_waiters_retry_reads_the_lock_and_its_line_in_one_statement(store, clock):
+    # What an undecided acquire is decided on (the leases, the waiters ahead,
+    # the lock delay) is one statement: on PostgreSQL each is a round trip of
+    # its own, waited for one after another. A retry is then its begin, the
+    # refresh of its place, that read and its commit.
+    if isinstance(store, SqliteStore):
+        pytest.skip("SQLite's statements are calls in this process, not round trips")
+    await grant(store, "retried")
+    wanted = AcquireRequest(token(), 30, wait_ms=60_000)
+    joined = await store.acquire_lock(P, "retried", wanted, wait_alive_ms=10_000)
+    assert joined.ticket is not None
+    with wire_trace(store) as lines:
+        again = await store.retry_waiter(P, "retried", wanted, joined.ticket, 10_000)
+    assert isinstance(again.outcome, Busy) and again.ticket == joined.ticket
+    statements, round_trips = count_round_trips(lines)
+    assert (statements, round_trips) == (4, 4), summary(lines)

@@ -196,15 +196,6 @@ def _insert_if(condition: str, token_sql: str | None) -> str:
         f"{condition}{returning}"
     )
 _LEASES_OF = f"SELECT {_LEASE_COLUMNS} FROM locks WHERE project = ? AND key = ?"
-# The live waiters ahead of a ticket, how many of them are exclusive, and the
-# lock's recorded lock delay, in one statement (an aggregate: always one row).
-_LINE_AND_DELAY = (
-    "SELECT COUNT(*), COALESCE(SUM(CASE WHEN mode = 'exclusive' THEN 1 ELSE 0 END), 0), "
-    "(SELECT d.until_ms FROM lock_delays d WHERE d.project = ? AND d.key = ?) "
-    "FROM lock_waiters WHERE project = ? AND key = ? AND ticket < ? AND alive_until_ms > ?"
-)
-
-
 def _lease(row: Any) -> Lease:
     """The lease of a row that starts with the lease columns."""
     r = _LeaseRow._make(row[:_AFTER_LEASE])
@@ -237,28 +228,31 @@ def load_lease(tx: Tx, project: str, key: str, lock_token: str) -> Lease | None:
 
 def load_state(tx: Tx, project: str, key: str, before_ticket: int | None = None) -> LockState:
     """What an acquire is decided on: the lease rows, the live waiters ahead of
-    `before_ticket` (all of them when None), and the recorded lock delay."""
-    ahead = before_ticket if before_ticket is not None else _NO_TICKET
-    count, exclusive, delay = tx.execute(
-        _LINE_AND_DELAY, (project, key, project, key, ahead, tx.now_ms)
-    ).fetchone()
-    return LockState(
-        load_leases(tx, project, key), int(count), int(exclusive),
-        None if delay is None else int(delay),
-    )
+    `before_ticket` (all of them when None), and the recorded lock delay, in
+    one statement (on PostgreSQL one round trip, not one for the line and
+    another for the leases)."""
+    return _state_of(tx.execute(_STATE, _state_params(tx, project, key, before_ticket)).fetchall())
 
 
-# load_state's reads for a fail-fast acquire (no ticket), as one statement:
-# one row per lease row of the lock (one row of nulls for none), each
-# followed by the live line's counts and the recorded lock delay.
+# load_state's reads as one statement: one row per lease row of the lock (one
+# row of nulls for none), each followed by the counts of the live waiters
+# ahead of a ticket (how many, how many of them exclusive) and the recorded
+# lock delay.
 _STATE = (
     f"SELECT {columns(_LeaseRow, 'l')}, q.waiting, q.exclusive, q.delay_until FROM ("
     "SELECT COUNT(*) AS waiting, "
     "COALESCE(SUM(CASE WHEN mode = 'exclusive' THEN 1 ELSE 0 END), 0) AS exclusive, "
     "(SELECT d.until_ms FROM lock_delays d WHERE d.project = ? AND d.key = ?) AS delay_until "
-    "FROM lock_waiters WHERE project = ? AND key = ? AND alive_until_ms > ?) q "
+    "FROM lock_waiters WHERE project = ? AND key = ? AND ticket < ? AND alive_until_ms > ?) q "
     "LEFT JOIN locks l ON l.project = ? AND l.key = ?"
 )
+
+
+def _state_params(
+    tx: Tx, project: str, key: str, before_ticket: int | None
+) -> tuple[Any, ...]:
+    ahead = before_ticket if before_ticket is not None else _NO_TICKET
+    return (project, key, project, key, ahead, tx.now_ms, project, key)
 
 
 def _state_of(rows: list[Any]) -> LockState:
@@ -494,7 +488,7 @@ def _refusal_first(
     batch's pipeline each, not a guarded insert and two round trips. (A
     waiting acquire joins the line, a write, which must not come after later
     operations' first statements: it is not decided here.)"""
-    sent = tx.execute(_STATE, (project, key, project, key, tx.now_ms, project, key))
+    sent = tx.execute(_STATE, _state_params(tx, project, key, None))
 
     def answer() -> AcquireResult | Undecided:
         verdict = rules.judge_acquire(key, _state_of(sent.fetchall()), request, tx.now_ms)
