@@ -260,6 +260,28 @@ async def test_the_sweep_reports_the_places_the_store_dropped(store, clock):
     assert (await store.get_lock(P, "k")).waiters == 1
 
 
+async def test_a_waiter_dropped_from_the_line_rejoins_behind_those_who_kept_their_place(
+    store, clock
+):
+    # Its retry finds its place gone and rejoins at the back: it is decided
+    # from its new place (behind the waiter that was after it), not from what
+    # it read under its old ticket, with nobody ahead.
+    holder = await grant(store)
+    lapsed_request, kept_request = req(), req()
+    lapsed = await store.acquire_lock(P, "k", lapsed_request, wait_alive_ms=1_000)
+    kept = await store.acquire_lock(P, "k", kept_request, wait_alive_ms=60_000)
+    assert lapsed.ticket is not None and kept.ticket is not None
+    clock.advance(2_000)
+    await store.reap()
+    assert await store.release_lock(P, "k", holder.lock_token)
+    again = await store.retry_waiter(P, "k", lapsed_request, lapsed.ticket, 60_000)
+    assert isinstance(again.outcome, Busy)
+    assert again.ticket is not None and again.ticket > kept.ticket
+    granted = await store.retry_waiter(P, "k", kept_request, kept.ticket, 60_000)
+    assert isinstance(granted.outcome, Granted)
+    assert (await store.get_lock(P, "k")).waiters == 1
+
+
 async def test_the_sweep_keeps_a_sets_place_only_in_the_lines_it_is_given(store, clock):
     await grant(store, "a")
     await grant(store, "b")

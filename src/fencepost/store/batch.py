@@ -365,6 +365,17 @@ class Tx:
     def execute(self, sql: str, params: tuple[Any, ...] = ()) -> Cursor:
         return self.engine.execute(self.conn, sql, params)
 
+    def sending(self) -> ContextManager[Any]:
+        """A block whose statements go out together where the engine
+        pipelines (one round trip on PostgreSQL, not one each), each with a
+        cursor of its own: read them after the block. For statements that do
+        not depend on each other's answers, in a plain operation or a general
+        case (never inside a step operation's first statements, which are in
+        the batch's pipeline already)."""
+        if self.engine.pipelines:
+            return self.engine.pipeline(self.conn)
+        return contextlib.nullcontext()
+
     def gathers(self, together: Together) -> bool:
         """Whether `together` goes out as one with the like statements of the
         batch's other operations (together.py)."""

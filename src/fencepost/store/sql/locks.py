@@ -345,10 +345,13 @@ def _settle(
     keys: Sequence[str],
     request: AcquireRequest,
     ticket: int | None,
+    states: dict[str, LockState] | None = None,
 ) -> SetGranted | Busy:
     """Decide an acquire of `keys` (one key, or a lock set) for the caller
-    holding `ticket` (None: not in line) and write the new leases."""
-    states = {key: load_state(tx, project, key, ticket) for key in keys}
+    holding `ticket` (None: not in line) and write the new leases; `states`:
+    what the caller read already (load_state's, for `ticket`)."""
+    if states is None:
+        states = {key: load_state(tx, project, key, ticket) for key in keys}
     outcome = rules.decide_set(keys, states, request, tx.now_ms, lambda: fencing.take(tx))
     if not isinstance(outcome, SetGranted):
         return outcome
@@ -533,23 +536,31 @@ def _attached(tx: Tx, project: str, request: AcquireRequest) -> AcquireRequest |
     )
 
 
-def _keep_place(
-    tx: Tx, project: str, keys: Sequence[str], request: AcquireRequest, ticket: int,
-    place: Place,
-) -> int:
-    """Refresh the caller's place in every line; the ticket it holds now."""
+def _retried(
+    tx: Tx, known: KnownLeases, project: str, keys: Sequence[str], request: AcquireRequest,
+    ticket: int, place: Place,
+) -> tuple[int, SetGranted | Busy]:
+    """Refresh the caller's place in every line, then decide its acquire:
+    the ticket it holds now, and the outcome. The refresh and the reads the
+    decision needs go out together (one round trip on PostgreSQL): the reads
+    count only the waiters ahead of the ticket, which the refresh of its own
+    place leaves as they are."""
     # Contract: only the live waiter with the smallest ticket may take a free
     # lock, so waiters are granted in arrival order.
-    refreshed = tx.execute(
-        "UPDATE lock_waiters SET alive_until_ms = ? WHERE ticket = ?",
-        (tx.now_ms + place.alive_ms, ticket),
-    ).rowcount
-    if refreshed == len(keys):
-        return ticket
+    with tx.sending():
+        refresh = tx.execute(
+            "UPDATE lock_waiters SET alive_until_ms = ? WHERE ticket = ?",
+            (tx.now_ms + place.alive_ms, ticket),
+        )
+        reads = [tx.execute(_STATE, _state_params(tx, project, key, ticket)) for key in keys]
+    states = {key: _state_of(read.fetchall()) for key, read in zip(keys, reads, strict=True)}
+    if refresh.rowcount == len(keys):
+        return ticket, _settle(tx, known, project, keys, request, ticket, states)
     # Dropped as dead (e.g. a stalled loop), from some lines or all: rejoin
-    # every line at the back, under one new ticket.
+    # every line at the back, under one new ticket, and decide from there.
     tx.execute("DELETE FROM lock_waiters WHERE ticket = ?", (ticket,))
-    return join_line(tx, project, keys, request, place)
+    ticket = join_line(tx, project, keys, request, place)
+    return ticket, _settle(tx, known, project, keys, request, ticket)
 
 
 def retry_waiter(
@@ -565,8 +576,8 @@ def retry_waiter(
     if isinstance(attached, Refused):
         return attached
     request = attached
-    ticket = _keep_place(tx, project, [key], request, ticket, place)
-    outcome = _single(_settle(tx, known, project, [key], request, ticket))
+    ticket, settled = _retried(tx, known, project, [key], request, ticket, place)
+    outcome = _single(settled)
     if isinstance(outcome, Granted):
         tx.execute("DELETE FROM lock_waiters WHERE ticket = ?", (ticket,))
         return AcquireResult(outcome)
@@ -589,8 +600,7 @@ def retry_set_waiter(
     if isinstance(attached, Refused):
         return attached
     request = attached
-    ticket = _keep_place(tx, project, keys, request, ticket, place)
-    outcome = _settle(tx, known, project, keys, request, ticket)
+    ticket, outcome = _retried(tx, known, project, keys, request, ticket, place)
     if isinstance(outcome, SetGranted):
         tx.execute("DELETE FROM lock_waiters WHERE ticket = ?", (ticket,))
         return SetAttempt(outcome)
