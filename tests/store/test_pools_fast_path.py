@@ -352,6 +352,39 @@ async def test_a_batch_of_pool_acquires_or_releases_is_one_statement(store):
     assert view.in_use == 0 and view.stats.released == 20
 
 
+async def test_a_slot_waiters_retry_refreshes_its_place_and_reads_the_pool_at_once(store):
+    # Its begin, the refresh of its place and the pool's counts in one
+    # round trip (they do not depend on each other), the refusal's read of
+    # when the slots held end (its Retry-After), and its commit.
+    if isinstance(store, SqliteStore):
+        pytest.skip("SQLite's statements are calls in this process, not round trips")
+    await store.put_pool(P, "api", PoolConfig(limit=1, queue_size=5))
+    assert (await _acquire(store)).slot is not None
+    waiting = await _acquire(store, wait=60_000)
+    assert waiting.ticket is not None
+    with wire_trace(store) as lines:
+        again = await store.retry_slot_waiter(P, "api", waiting.ticket, 60_000)
+    assert again.slot is None and again.ticket == waiting.ticket
+    statements, round_trips = count_round_trips(lines)
+    assert (statements, round_trips) == (5, 4), summary(lines)
+
+
+async def test_a_slot_waiter_dropped_from_the_line_rejoins_behind_the_others(store, clock):
+    await store.put_pool(P, "api", PoolConfig(limit=1, queue_size=5))
+    held = await _acquire(store)
+    lapsed = await store.acquire_slot(P, "api", wait_ms=60_000, wait_alive_ms=1_000)
+    kept = await store.acquire_slot(P, "api", wait_ms=60_000, wait_alive_ms=60_000)
+    assert lapsed.ticket is not None and kept.ticket is not None
+    clock.advance(2_000)
+    await store.reap()
+    assert await store.release_slot(P, "api", held.slot.slot_id, None)
+    again = await store.retry_slot_waiter(P, "api", lapsed.ticket, 60_000)
+    assert again.slot is None  # behind `kept` now, though it came first
+    assert again.ticket is not None and again.ticket > kept.ticket
+    admitted = await store.retry_slot_waiter(P, "api", kept.ticket, 60_000)
+    assert admitted.slot is not None
+
+
 def _write_as_an_older_release(store: Any, statement: str) -> None:
     """Run `statement` on the store's database as a replica of a release that
     knows no admission version would: the version column left alone."""

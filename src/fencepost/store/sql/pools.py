@@ -316,11 +316,22 @@ def load_with_counts(
 ) -> tuple[_Pool, int, int]:
     """The pool (remembered in `known`, if given), its live slots and its live
     waiters ahead of `before_ticket` (all of them when None), in one statement."""
+    return _counted(known, project, pool, _send_counts(tx, project, pool, before_ticket))
+
+
+def _send_counts(tx: Tx, project: str, pool: str, before_ticket: int | None) -> Cursor:
     ahead = before_ticket if before_ticket is not None else 2**62
-    row = tx.execute(
+    return tx.execute(
         _LOAD_WITH_COUNTS,
         (project, pool, tx.now_ms, project, pool, tx.now_ms, ahead, project, pool),
-    ).fetchone()
+    )
+
+
+def _counted(
+    known: KnownPools | None, project: str, pool: str, sent: Cursor
+) -> tuple[_Pool, int, int]:
+    """load_with_counts' answer, from its statement's cursor."""
+    row = sent.fetchone()
     state = _pool(row, pool)
     _remember(known, project, pool, state)
     used, ahead_of_it = row[_AFTER_POOL:]
@@ -619,19 +630,26 @@ def _join_line(tx: Tx, project: str, pool: str, place: Place) -> int:
 def retry_waiter(
     tx: Tx, known: KnownPools, project: str, pool: str, ticket: int, place: Place
 ) -> SlotAttempt:
-    refreshed = tx.execute(
-        "UPDATE slot_waiters SET alive_until_ms = ? WHERE ticket = ?",
-        (tx.now_ms + place.alive_ms, ticket),
-    ).rowcount
-    if not refreshed:  # dropped as dead (e.g. a stalled loop): rejoin at the back
-        ticket = _join_line(tx, project, pool, place)
+    # The refresh of its place and the read it is decided on go out together
+    # (one round trip on PostgreSQL): the read counts the waiters ahead of the
+    # ticket, which the refresh of its own place leaves as they are.
+    with tx.sending():
+        refresh = tx.execute(
+            "UPDATE slot_waiters SET alive_until_ms = ? WHERE ticket = ?",
+            (tx.now_ms + place.alive_ms, ticket),
+        )
+        counts = _send_counts(tx, project, pool, ticket)
     # NotFound once the pool is deleted, raised (not Refused): the waiter's
     # row was written above, and only the batch's rollback undoes it. Rare: a
     # deleted pool's waiters each come back once, to this answer.
     # The attempt carries the configuration read here, the one a slot admitted
     # now is admitted under (a PUT or PATCH may have changed it since the wait
     # began): the grant reports it.
-    state, used, ahead = load_with_counts(tx, known, project, pool, ticket)
+    counted = _counted(known, project, pool, counts)
+    if not refresh.rowcount:  # dropped as dead (e.g. a stalled loop): rejoin at the back
+        ticket = _join_line(tx, project, pool, place)
+        counted = load_with_counts(tx, known, project, pool, ticket)
+    state, used, ahead = counted
     attempt = _try_admit(tx, known, project, pool, state, used, ahead)
     if attempt.slot is None:
         return replace(attempt, ticket=ticket)
