@@ -282,6 +282,37 @@ async def test_a_waiter_dropped_from_the_line_rejoins_behind_those_who_kept_thei
     assert (await store.get_lock(P, "k")).waiters == 1
 
 
+@pytest.mark.parametrize("case", ["dead lease in the way", "own lease", "a set"])
+async def test_a_waiting_acquire_granted_by_its_general_case_leaves_no_place_in_line(
+    store, clock, case
+):
+    # A caller that may wait sends its place in line with the reads it is
+    # decided on; granted after all (a dead lease ended on the way, its own
+    # lease acquired again), it must not stay in line, where it would hold
+    # back everyone behind it.
+    mine = req(wait_ms=60_000)
+    if case == "own lease":
+        await grant(store, "k", mine.lock_token)
+    else:
+        await grant(store, "k", ttl=5)
+        clock.advance(6_000)  # expired, not reaped yet
+    if case == "a set":
+        result = await store.acquire_lock_set(P, ["j", "k"], mine, wait_alive_ms=10_000)
+        assert not isinstance(result.outcome, Busy)
+    else:
+        result = await store.acquire_lock(P, "k", mine, wait_alive_ms=10_000)
+        assert isinstance(result.outcome, Granted)
+        assert result.outcome.created == (case != "own lease")
+    assert result.ticket is None
+    assert (await store.get_lock(P, "k")).waiters == 0
+    behind = req(wait_ms=60_000)
+    later = await store.acquire_lock(P, "k", behind, wait_alive_ms=10_000)
+    assert isinstance(later.outcome, Busy) and later.ticket is not None
+    assert await store.release_lock(P, "k", mine.lock_token)
+    granted = await store.retry_waiter(P, "k", behind, later.ticket, 10_000)
+    assert isinstance(granted.outcome, Granted)  # nobody left ahead of it
+
+
 async def test_the_sweep_keeps_a_sets_place_only_in_the_lines_it_is_given(store, clock):
     await grant(store, "a")
     await grant(store, "b")

@@ -296,6 +296,11 @@ async def test_a_join_draws_its_ticket_in_the_statement_that_places_it(store, cl
             wait_alive_ms=10_000)
     assert not [line for line in lines if "nextval" in line and "INSERT" not in line], \
         summary(lines)
+    # Each: its begin, the guarded insert that would grant a free lock (a
+    # set has none), the reads it is decided on with its places in line in
+    # one round trip, and its commit.
+    _, round_trips = count_round_trips(lines)
+    assert round_trips == 4 + 3, summary(lines)
     assert first.ticket is not None and both.ticket is not None
     assert first.ticket < both.ticket
     assert (await store.get_lock(P, "joined-a")).waiters == 2

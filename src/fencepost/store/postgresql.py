@@ -164,6 +164,8 @@ class _PipelinedCursor:
 
 @contextlib.contextmanager
 def _pipelined(conn: _Connection) -> Iterator[None]:
+    # Not nested: an inner block's end would close the outer one's `pipe`.
+    assert conn.pipe is None, "a pipeline inside a pipeline"
     manager = conn.pipeline()
     conn.pipe = wait_for(manager.__aenter__())
     try:

@@ -311,6 +311,17 @@ def join_line(
     callers that came before it on any of its keys. On PostgreSQL from a
     sequence, so joins of different lines never wait for each other; on
     SQLite from the counter row (its batches take turns anyway)."""
+    with tx.sending():  # on PostgreSQL a cursor per statement: a set sends several
+        placed = _send_join(tx, project, keys, request, place)
+    return _ticket_of(placed)
+
+
+def _send_join(
+    tx: Tx, project: str, keys: Sequence[str], request: AcquireRequest, place: Place
+) -> Cursor:
+    """join_line's statements, none of them waiting for another's answer (so
+    that they can go out with others in one round trip): the cursor whose
+    row is the ticket (`_ticket_of`)."""
     # since/gives_up are only shown (SPEC §3.4); a waiter that rejoins after
     # being dropped as dead shows its new place, measured from the rejoin.
     def place_of(key: str) -> tuple[Any, ...]:
@@ -318,24 +329,55 @@ def join_line(
                 request.key_id, tx.now_ms, tx.now_ms + request.wait_ms, request.mode.value)
 
     sequence = tx.engine.ticket_sequence
-    rest = list(keys)
     if sequence is not None:
-        # The first line's place draws the ticket itself: one round trip, not two.
-        (drawn,) = tx.execute(
-            f"INSERT INTO lock_waiters {_PLACE_COLUMNS} VALUES (nextval('{sequence}'), "
-            "?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING ticket", place_of(rest.pop(0)),
-        ).fetchone()
+        # The first line's place draws the ticket itself; the others take the
+        # number this session drew last, that one.
+        drawn, again = f"nextval('{sequence}')", f"currval('{sequence}')"
     else:
-        (drawn,) = tx.execute(
-            "UPDATE counters SET value = value + 1 WHERE name = 'lock_ticket' RETURNING value"
-        ).fetchone()
-    ticket = int(drawn)
+        tx.execute("UPDATE counters SET value = value + 1 WHERE name = 'lock_ticket'")
+        drawn = again = "(SELECT value FROM counters WHERE name = 'lock_ticket')"
+    first, *rest = keys
+    placed = tx.execute(
+        f"INSERT INTO lock_waiters {_PLACE_COLUMNS} VALUES ({drawn}, "
+        "?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING ticket", place_of(first),
+    )
     for key in rest:
         tx.execute(
-            f"INSERT INTO lock_waiters {_PLACE_COLUMNS} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (ticket, *place_of(key)),
+            f"INSERT INTO lock_waiters {_PLACE_COLUMNS} VALUES ({again}, "
+            "?, ?, ?, ?, ?, ?, ?, ?, ?)", place_of(key),
         )
-    return ticket
+    return placed
+
+
+def _ticket_of(placed: Cursor) -> int:
+    (ticket,) = placed.fetchone()
+    return int(ticket)
+
+
+def _decide_or_join(
+    tx: Tx, known: KnownLeases, project: str, keys: Sequence[str], request: AcquireRequest,
+    place: Place | None,
+) -> tuple[SetGranted | Busy, int | None]:
+    """The general case of an acquire of `keys` by a caller not in line:
+    decide it, and with a `place`, join the line if it is refused (the
+    outcome, and the ticket if it joined). The reads it is decided on and the
+    join go out together (one round trip on PostgreSQL, not two): a caller
+    that may wait is mostly refused here (a free lock with an empty line was
+    granted by the acquire's first statement), and a grant takes its places
+    back out in the same transaction. The reads come first, so they do not
+    see its own places."""
+    if place is None:
+        return _settle(tx, known, project, keys, request, None), None
+    with tx.sending():
+        reads = [tx.execute(_STATE, _state_params(tx, project, key, None)) for key in keys]
+        placed = _send_join(tx, project, keys, request, place)
+    states = {key: _state_of(read.fetchall()) for key, read in zip(keys, reads, strict=True)}
+    ticket = _ticket_of(placed)
+    outcome = _settle(tx, known, project, keys, request, None, states)
+    if isinstance(outcome, SetGranted):
+        tx.execute("DELETE FROM lock_waiters WHERE ticket = ?", (ticket,))
+        return outcome, None
+    return outcome, ticket
 
 
 def _settle(
@@ -416,10 +458,8 @@ def _decide_in_line(
 ) -> AcquireResult:
     """The general case: read the leases, the line and the delay, decide, and
     grant or (with a place) join the line."""
-    decided = _single(_settle(tx, known, project, [key], request, None))
-    if isinstance(decided, Granted) or place is None:
-        return AcquireResult(decided)
-    return AcquireResult(decided, join_line(tx, project, [key], request, place))
+    decided, ticket = _decide_or_join(tx, known, project, [key], request, place)
+    return AcquireResult(_single(decided), ticket)
 
 
 def acquire(
@@ -518,10 +558,8 @@ def acquire_set(
     if isinstance(attached, Refused):
         return attached
     request = attached
-    outcome = _settle(tx, known, project, keys, request, None)
-    if isinstance(outcome, SetGranted) or place is None:
-        return SetAttempt(outcome)
-    return SetAttempt(outcome, join_line(tx, project, keys, request, place))
+    outcome, ticket = _decide_or_join(tx, known, project, keys, request, place)
+    return SetAttempt(outcome, ticket)
 
 
 def _attached(tx: Tx, project: str, request: AcquireRequest) -> AcquireRequest | Refused:
