@@ -354,8 +354,8 @@ async def test_a_batch_of_pool_acquires_or_releases_is_one_statement(store):
 
 async def test_a_slot_waiters_retry_refreshes_its_place_and_reads_the_pool_at_once(store):
     # Its begin, the refresh of its place and the pool's counts in one
-    # round trip (they do not depend on each other), the refusal's read of
-    # when the slots held end (its Retry-After), and its commit.
+    # round trip (they do not depend on each other; the counts say when the
+    # slots held end at the latest, the refusal's Retry-After), and its commit.
     if isinstance(store, SqliteStore):
         pytest.skip("SQLite's statements are calls in this process, not round trips")
     await store.put_pool(P, "api", PoolConfig(limit=1, queue_size=5))
@@ -366,7 +366,18 @@ async def test_a_slot_waiters_retry_refreshes_its_place_and_reads_the_pool_at_on
         again = await store.retry_slot_waiter(P, "api", waiting.ticket, 60_000)
     assert again.slot is None and again.ticket == waiting.ticket
     statements, round_trips = count_round_trips(lines)
-    assert (statements, round_trips) == (5, 4), summary(lines)
+    assert (statements, round_trips) == (4, 3), summary(lines)
+
+
+async def test_a_refusal_says_when_the_first_held_slot_must_end(store, clock):
+    # With no hold time learned, Retry-After is the earliest hard cap among
+    # the live slots (renewals cannot pass it), read with the pool's counts.
+    await store.put_pool(P, "capped", PoolConfig(limit=2, request_timeout_ms=9_000))
+    assert (await _acquire(store, "capped")).slot is not None
+    clock.advance(4_000)
+    assert (await _acquire(store, "capped")).slot is not None
+    refused = await _acquire(store, "capped")
+    assert refused.slot is None and refused.retry_after_ms == 5_000
 
 
 async def test_a_slot_waiter_dropped_from_the_line_rejoins_behind_the_others(store, clock):

@@ -302,18 +302,28 @@ def _pool(row: Any, pool: str) -> _Pool:
 
 
 _LOAD_WITH_COUNTS = (
-    f"SELECT {_POOL_COLUMNS}, "
-    "(SELECT COUNT(*) FROM slots s WHERE s.project = ? AND s.pool = ? "
-    "AND s.lease_deadline_ms > ?), "
+    f"SELECT {_POOL_COLUMNS}, held.live, "
     "(SELECT COUNT(*) FROM slot_waiters w WHERE w.project = ? AND w.pool = ? "
-    "AND w.alive_until_ms > ? AND w.ticket < ?) "
-    "FROM pools WHERE project = ? AND name = ?"
+    "AND w.alive_until_ms > ? AND w.ticket < ?), held.first_cap "
+    "FROM pools, (SELECT COUNT(*) AS live, MIN(s.request_deadline_ms) AS first_cap "
+    "FROM slots s WHERE s.project = ? AND s.pool = ? AND s.lease_deadline_ms > ?) held "
+    "WHERE project = ? AND name = ?"
 )
+
+
+class _Counts(NamedTuple):
+    """A pool's live slots and waiters, as load_with_counts reads them."""
+
+    used: int  # live slots
+    ahead: int  # live waiters ahead of the ticket (all of them, for none)
+    # The earliest hard cap (request deadline) among the live slots: a slot
+    # is sure to free by then, which a refusal's Retry-After may say.
+    first_cap_ms: int | None
 
 
 def load_with_counts(
     tx: Tx, known: KnownPools | None, project: str, pool: str, before_ticket: int | None = None
-) -> tuple[_Pool, int, int]:
+) -> tuple[_Pool, _Counts]:
     """The pool (remembered in `known`, if given), its live slots and its live
     waiters ahead of `before_ticket` (all of them when None), in one statement."""
     return _counted(known, project, pool, _send_counts(tx, project, pool, before_ticket))
@@ -323,24 +333,24 @@ def _send_counts(tx: Tx, project: str, pool: str, before_ticket: int | None) -> 
     ahead = before_ticket if before_ticket is not None else 2**62
     return tx.execute(
         _LOAD_WITH_COUNTS,
-        (project, pool, tx.now_ms, project, pool, tx.now_ms, ahead, project, pool),
+        (project, pool, tx.now_ms, ahead, project, pool, tx.now_ms, project, pool),
     )
 
 
 def _counted(
     known: KnownPools | None, project: str, pool: str, sent: Cursor
-) -> tuple[_Pool, int, int]:
+) -> tuple[_Pool, _Counts]:
     """load_with_counts' answer, from its statement's cursor."""
     row = sent.fetchone()
     state = _pool(row, pool)
     _remember(known, project, pool, state)
-    used, ahead_of_it = row[_AFTER_POOL:]
-    return state, int(used), int(ahead_of_it)
+    used, ahead, first_cap = row[_AFTER_POOL:]
+    return state, _Counts(int(used), int(ahead), None if first_cap is None else int(first_cap))
 
 
 def view(tx: Tx, project: str, pool: str, known: KnownPools | None = None) -> PoolView | None:
     try:
-        state, used, queued = load_with_counts(tx, known, project, pool)
+        state, counts = load_with_counts(tx, known, project, pool)
     except NotFound:
         return None
     row = tx.execute(
@@ -349,8 +359,8 @@ def view(tx: Tx, project: str, pool: str, known: KnownPools | None = None) -> Po
     return PoolView(
         name=pool,
         config=state.config,
-        in_use=used,
-        queued=queued,
+        in_use=counts.used,
+        queued=counts.ahead,
         effective_limit=state.limit,
         stats=_stats(_StatsRow._make(row)),
         now_ms=tx.now_ms,
@@ -439,11 +449,12 @@ def _admit(
 
 
 def _try_admit(
-    tx: Tx, known: KnownPools, project: str, pool: str, state: _Pool, used: int,
-    waiters_ahead: int,
+    tx: Tx, known: KnownPools, project: str, pool: str, state: _Pool, counts: _Counts,
 ) -> SlotAttempt:
-    """Admit, or a refusal saying when to try again."""
+    """Admit, or a refusal saying when to try again (from what was read with
+    the counts: a refusal reads nothing more)."""
     now = tx.now_ms
+    used, waiters_ahead = counts.used, counts.ahead
     g = state.governor
     paused = state.paused(now)
     paused_until = g.paused_until_ms if paused else None
@@ -454,15 +465,8 @@ def _try_admit(
     if blocked_ms is None and rules.may_admit(state.limit, used, waiters_ahead):
         return _admit(tx, known, project, pool, state, used)
     if blocked_ms is None:
-        deadlines = [
-            deadline
-            for (deadline,) in tx.execute(
-                "SELECT request_deadline_ms FROM slots WHERE project = ? AND pool = ? "
-                "AND lease_deadline_ms > ?",
-                (project, pool, now),
-            ).fetchall()
-        ]
-        blocked_ms = rules.retry_after_ms(deadlines, now, g.hold_ms)
+        caps = [] if counts.first_cap_ms is None else [counts.first_cap_ms]
+        blocked_ms = rules.retry_after_ms(caps, now, g.hold_ms)
     elif interval is not None and waiters_ahead:
         # Each waiter ahead takes one paced turn first: re-checking all at the
         # next turn would be a stampede of which only the head can win.
@@ -503,11 +507,11 @@ def acquire(
     loaded = refused_before_writing(lambda: load_with_counts(tx, known, project, pool), NotFound)
     if isinstance(loaded, Refused):
         return loaded
-    state, used, queued = loaded
+    state, counts = loaded
     wait_ms = wanted.clamped(state.config)
-    attempt = replace(_try_admit(tx, known, project, pool, state, used, queued), wait_ms=wait_ms)
+    attempt = replace(_try_admit(tx, known, project, pool, state, counts), wait_ms=wait_ms)
     if attempt.slot is not None or place is None or not wait_ms or (
-            queued >= state.config.queue_size):
+            counts.ahead >= state.config.queue_size):
         return attempt
     ticket = _join_line(tx, project, pool, place)
     return replace(attempt, ticket=ticket)
@@ -638,19 +642,19 @@ def retry_waiter(
             "UPDATE slot_waiters SET alive_until_ms = ? WHERE ticket = ?",
             (tx.now_ms + place.alive_ms, ticket),
         )
-        counts = _send_counts(tx, project, pool, ticket)
+        read = _send_counts(tx, project, pool, ticket)
     # NotFound once the pool is deleted, raised (not Refused): the waiter's
     # row was written above, and only the batch's rollback undoes it. Rare: a
     # deleted pool's waiters each come back once, to this answer.
     # The attempt carries the configuration read here, the one a slot admitted
     # now is admitted under (a PUT or PATCH may have changed it since the wait
     # began): the grant reports it.
-    counted = _counted(known, project, pool, counts)
+    counted = _counted(known, project, pool, read)
     if not refresh.rowcount:  # dropped as dead (e.g. a stalled loop): rejoin at the back
         ticket = _join_line(tx, project, pool, place)
         counted = load_with_counts(tx, known, project, pool, ticket)
-    state, used, ahead = counted
-    attempt = _try_admit(tx, known, project, pool, state, used, ahead)
+    state, counts = counted
+    attempt = _try_admit(tx, known, project, pool, state, counts)
     if attempt.slot is None:
         return replace(attempt, ticket=ticket)
     tx.execute("DELETE FROM slot_waiters WHERE ticket = ?", (ticket,))
