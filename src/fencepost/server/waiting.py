@@ -418,7 +418,6 @@ async def _wait(
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
     places = line.places
-    ticket = parked.ticket
     outcome = joined
     granted = False
     try:
@@ -444,7 +443,7 @@ async def _wait(
             # the retry is in flight must survive to end the next wait.
             parked.wake.clear()
             retried = loop.time()
-            outcome = await line.retry(ticket)
+            outcome = await line.retry(parked.ticket)
             parked.refreshed = retried
             if outcome.granted is not None:
                 granted = True
@@ -452,14 +451,13 @@ async def _wait(
             if outcome.ticket is None:  # the store took us out of line
                 assert outcome.refusal is not None
                 raise outcome.refusal
-            if outcome.ticket != ticket:  # rejoined at the back after being dropped
-                ticket = outcome.ticket
-                room.reticket(places, parked, ticket)
+            if outcome.ticket != parked.ticket:  # rejoined at the back after being dropped
+                room.reticket(places, parked, outcome.ticket)
     finally:
         room.unpark(places, parked)
         if not granted:
             try:
-                await line.leave(ticket)
+                await line.leave(parked.ticket)
             except FencepostError:
                 pass  # the reaper drops the place once it stops being refreshed
 
