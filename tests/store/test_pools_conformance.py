@@ -74,6 +74,48 @@ async def test_the_store_clamps_the_wait_to_the_pool(store):
     assert (no_line.ticket, no_line.wait_ms) == (None, 0)
 
 
+@pytest.mark.parametrize("how", ["paced", "unknown to this writer"])
+async def test_a_waiting_acquire_admitted_by_its_general_case_leaves_no_place_in_line(
+    store, clock, how
+):
+    # A caller that may wait sends its place in line with the reads of the
+    # general case; admitted after all, it takes the place back out. A ghost
+    # place would hold back every later acquire until it aged out.
+    writer = store
+    if how == "paced":
+        await store.put_pool(P, "api", PoolConfig(limit=5, rpm=60))
+    else:
+        await store.put_pool(P, "api", PoolConfig(limit=5))
+        await store.close()
+        writer = reopen(store, clock)  # remembers no pool: reads it first
+        await writer.open()
+    try:
+        waiting = await writer.acquire_slot(P, "api", wait_ms=5_000, wait_alive_ms=60_000)
+        assert waiting.slot is not None and waiting.ticket is None
+        assert (await writer.get_pool(P, "api")).queued == 0
+        clock.advance(1_000)  # the next paced turn
+        assert (await writer.acquire_slot(P, "api", wait_alive_ms=None)).slot is not None
+    finally:
+        if writer is not store:
+            await writer.close()
+            await store.open()
+
+
+async def test_a_pool_that_waits_no_time_gives_a_waiting_acquire_no_place(store):
+    await store.put_pool(P, "api", PoolConfig(limit=1, queue_size=5, queue_timeout_ms=0))
+    assert (await store.acquire_slot(P, "api", wait_alive_ms=None)).slot is not None
+    refused = await store.acquire_slot(P, "api", wait_ms=5_000, wait_alive_ms=60_000)
+    assert (refused.slot, refused.ticket, refused.wait_ms) == (None, None, 0)
+    assert (await store.get_pool(P, "api")).queued == 0
+
+
+async def test_a_waiting_acquire_of_an_unknown_pool_is_not_found_and_joins_nothing(store):
+    with pytest.raises(NotFound):
+        await store.acquire_slot(P, "nope", wait_ms=5_000, wait_alive_ms=60_000)
+    await store.put_pool(P, "nope", PoolConfig(limit=1))
+    assert (await store.get_pool(P, "nope")).queued == 0
+
+
 async def test_a_waiter_is_granted_under_the_configuration_it_is_admitted_under(store, clock):
     await store.put_pool(P, "api", PoolConfig(limit=1, term_ms=9_000))
     held = await store.acquire_slot(P, "api", wait_alive_ms=None)

@@ -369,6 +369,23 @@ async def test_a_slot_waiters_retry_refreshes_its_place_and_reads_the_pool_at_on
     assert (statements, round_trips) == (4, 3), summary(lines)
 
 
+async def test_a_full_pools_waiter_joins_the_line_with_the_counts_it_is_refused_on(store):
+    # Its begin (with the pool's lock and the clock) and the common case's
+    # guarded insert, then the pool's counts and its place in line in one
+    # round trip (the place goes in only where the pool has room in its
+    # queue, tested on the rows the counts read), and its commit.
+    if isinstance(store, SqliteStore):
+        pytest.skip("SQLite's statements are calls in this process, not round trips")
+    await store.put_pool(P, "api", PoolConfig(limit=1, queue_size=5))
+    assert (await _acquire(store)).slot is not None
+    with wire_trace(store) as lines:
+        waiting = await _acquire(store, wait=60_000)
+    assert waiting.slot is None and waiting.ticket is not None
+    statements, round_trips = count_round_trips(lines)
+    assert (statements, round_trips) == (5, 4), summary(lines)
+    assert (await store.get_pool(P, "api")).queued == 1
+
+
 async def test_a_refusal_says_when_the_first_held_slot_must_end(store, clock):
     # With no hold time learned, Retry-After is the earliest hard cap among
     # the live slots (renewals cannot pass it), read with the pool's counts.
@@ -451,6 +468,7 @@ async def test_an_acquire_of_a_missing_pool_is_refused_without_replaying_its_bat
     outcomes = await asyncio.gather(
         *(_acquire(store, "api") for _ in range(5)),
         _acquire(store, "no-such-pool"),
+        _acquire(store, "no-such-pool", wait=5_000),  # its place in line goes with the reads
         _acquire(store, "no-such-pool", session_id="sess_none", key_id="key_a"),
         return_exceptions=True,
     )

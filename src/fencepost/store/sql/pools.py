@@ -504,17 +504,56 @@ def acquire(
     # transaction, so no more than `limit` slots are ever live (SPEC §7.5).
     # The pool is this operation's first read, and its callers wrote nothing
     # before (the common case's guarded insert inserted nothing).
-    loaded = refused_before_writing(lambda: load_with_counts(tx, known, project, pool), NotFound)
+    placed: Cursor | None = None
+    if place is not None and wanted.wait_ms > 0 and not wanted.no_queue:
+        # A caller that may wait is mostly refused here (a pool with room and
+        # an empty line admitted it in the common case): its place in line
+        # goes out with the reads (one round trip on PostgreSQL, not two).
+        # The reads come first, so they do not count it.
+        with tx.sending():
+            read = _send_counts(tx, project, pool, None)
+            placed = _send_join(tx, project, pool, place)
+        loaded = refused_before_writing(lambda: _counted(known, project, pool, read), NotFound)
+    else:
+        loaded = refused_before_writing(
+            lambda: load_with_counts(tx, known, project, pool), NotFound)
     if isinstance(loaded, Refused):
-        return loaded
+        return loaded  # no pool: the guarded join inserted nothing either
     state, counts = loaded
     wait_ms = wanted.clamped(state.config)
     attempt = replace(_try_admit(tx, known, project, pool, state, counts), wait_ms=wait_ms)
-    if attempt.slot is not None or place is None or not wait_ms or (
-            counts.ahead >= state.config.queue_size):
-        return attempt
-    ticket = _join_line(tx, project, pool, place)
-    return replace(attempt, ticket=ticket)
+    ticket = None if placed is None else _ticket_of(placed)
+    waits = attempt.slot is None and ticket is not None and wait_ms > 0
+    if ticket is not None and not waits:
+        # Admitted after all: its place was never seen outside this transaction.
+        tx.execute("DELETE FROM slot_waiters WHERE ticket = ?", (ticket,))
+    return replace(attempt, ticket=ticket) if waits else attempt
+
+
+# A place in line for a caller that may wait, where the pool lets it wait
+# (SPEC §4.2): the pool exists, takes waiters (queue_size and queue_timeout_ms
+# above 0; the caller asked for a wait and no X-No-Queue) and has room in its
+# queue, judged in the statement on the rows the counts read (the batch
+# holds the pool's key): a refusal for a full queue or an unknown pool writes
+# nothing.
+_JOIN_IF_ROOM_IN_QUEUE = (
+    "INSERT INTO slot_waiters (project, pool, alive_until_ms, replica) "
+    "SELECT ?, ?, ?, ? FROM pools p WHERE p.project = ? AND p.name = ? "
+    "AND p.queue_timeout_ms > 0 AND p.queue_size > (SELECT COUNT(*) FROM slot_waiters w "
+    "WHERE w.project = ? AND w.pool = ? AND w.alive_until_ms > ?) RETURNING ticket"
+)
+
+
+def _send_join(tx: Tx, project: str, pool: str, place: Place) -> Cursor:
+    now = tx.now_ms
+    return tx.execute(_JOIN_IF_ROOM_IN_QUEUE, (
+        project, pool, now + place.alive_ms, place.replica, project, pool, project, pool, now,
+    ))
+
+
+def _ticket_of(placed: Cursor) -> int | None:
+    row = placed.fetchone()
+    return None if row is None else int(row[0])
 
 
 # The common case of an acquire in one statement: the slot goes in only while
