@@ -109,6 +109,10 @@ def test_parked_waiters_held_locks_and_replicas_workloads_run(
         assert rows[workload]["status"] == "ok", rows[workload]["reason"]
         assert rows[workload]["unexpected"] == 0, rows[workload]["samples"]
     assert "20 waiters parked on 2 locks" in rows["e"]["loader"]
+    for workload in ("e", "f"):  # each judged against (a) alone just before it
+        assert rows[workload]["paired_ops_per_s"] > 0 and rows[workload]["paired_p99_ms"] > 0
+        assert "(a) alone just before" in rows[workload]["loader"]
+        assert "still parked" not in rows[workload]["loader"]
     [scaled] = run["scaling"]
     assert scaled["status"] == "ok", scaled["reason"]
     assert scaled["replicas"] == 2 and scaled["ops_per_s"] > 0

@@ -19,6 +19,9 @@ import sys
 import time
 import uuid
 from urllib.parse import urlsplit
+from urllib.request import urlopen
+
+from prometheus_client.parser import text_string_to_metric_families
 
 PARK_PREFIX = "park"
 HELD_PREFIX = "held"
@@ -96,6 +99,32 @@ async def park(url: str, key: str, lock_count: int, waiters: int) -> None:
     await asyncio.sleep(_SETTLE_S)
     print(f"parked {in_line}", flush=True)
     await asyncio.Event().wait()  # until killed
+
+
+def parked_now(url: str) -> float | None:
+    """The server's parked waiters (its `fencepost_waiters_parked` gauge), or
+    None when /metrics does not answer."""
+    try:
+        with urlopen(f"{url}/metrics", timeout=5) as answer:
+            text = answer.read().decode()
+    except OSError:
+        return None
+    for family in text_string_to_metric_families(text):
+        if family.name == "fencepost_waiters_parked":
+            return sum(sample.value for sample in family.samples)
+    return None
+
+
+def wait_until_unparked(url: str, timeout_s: float = 120.0) -> bool:
+    """Once (e)'s parker is killed, its 10,000 connections close and the
+    server takes each waiter out of line: wait for that, so that what runs
+    next is not measured against the clean-up."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if parked_now(url) == 0:
+            return True
+        time.sleep(0.25)
+    return False
 
 
 def preload_locks(store_url: str, count: int) -> None:

@@ -84,6 +84,20 @@ class Row:
     loader: str = ""
     samples: list[str] = field(default_factory=list)
     round_ops: list[float] = field(default_factory=list)  # ops/s of every round
+    # (e) and (f): workload (a) alone on the same server just before their
+    # background was added. They are judged against it, not against the
+    # (a) row measured minutes earlier: this machine's speed drifts more
+    # between minutes than between neighbouring seconds.
+    paired_ops_per_s: float = 0.0
+    paired_p99_ms: float = 0.0
+    # (e) and (f), per ok round: [throughput drop, p99 ratio] against the pair
+    round_changes: list[list[float]] = field(default_factory=list)
+
+    @property
+    def change(self) -> tuple[float, float] | None:
+        """(e) or (f) against its pair: (share of the throughput lost, p99 ratio)."""
+        return report.change(self.ops_per_s, self.p99_ms, self.paired_ops_per_s,
+                             self.paired_p99_ms)
 
     @property
     def grant_share(self) -> float | None:
@@ -118,11 +132,24 @@ def _load(system: System, workload: str, seconds: int, connections: int,
 
 def _measure(system: System, workload: str, seconds: int, connections: int, warmup: int,
              install: bool, profile_dir: Path | None = None) -> Row:
-    """`workload` against `system`; (e) and (f) run (a) with their background."""
+    """`workload` against `system`; (e) and (f) run (a) with their background,
+    after (a) alone (their pair)."""
+    if workload not in ("e", "f"):
+        return _measure_load(system, workload, seconds, connections, warmup, install,
+                             profile_dir)
+    alone = _measure_load(system, "a", seconds, connections, warmup, install)
+    row = _with_background(system, workload, seconds, connections, warmup, install,
+                           profile_dir)
+    row.paired_ops_per_s, row.paired_p99_ms = alone.ops_per_s, alone.p99_ms
+    row.loader += f"; (a) alone just before: {alone.ops_per_s:.0f} ops/s, p99 {alone.p99_ms:.2f} ms"
+    return row
+
+
+def _with_background(system: System, workload: str, seconds: int, connections: int,
+                     warmup: int, install: bool, profile_dir: Path | None) -> Row:
     if workload == "f":
         assert isinstance(system, Fencepost)
         background.preload_locks(system.store_url, HELD_LOCKS)
-    if workload != "e":
         return _measure_load(system, workload, seconds, connections, warmup, install,
                              profile_dir)
     parker = subprocess.Popen(
@@ -143,10 +170,12 @@ def _measure(system: System, workload: str, seconds: int, connections: int, warm
         row = _measure_load(system, workload, seconds, connections, warmup, install,
                             profile_dir)
         row.loader += f"; {line.split()[1]} waiters parked on {PARKED_LOCKS} locks"
-        return row
     finally:
         parker.kill()
         parker.wait()
+    if not background.wait_until_unparked(system.base_url):
+        row.loader += "; its waiters were still parked 120 s after their connections closed"
+    return row
 
 
 def _measure_load(system: System, workload: str, seconds: int, connections: int, warmup: int,
@@ -240,16 +269,24 @@ def _run_system(system: System, chosen: list[str], seconds: int, connections: in
 
 
 def _median_rows(rounds: list[list[Row]]) -> list[Row]:
-    """Per system and workload, the round with the median ops/s (ok rounds only)."""
+    """Per system and workload, the round with the median ops/s (ok rounds
+    only); for (e) and (f), the round with the median drop against its pair,
+    and every round's change beside it."""
     picked: list[Row] = []
     for index, first in enumerate(rounds[0]):
         same = [r[index] for r in rounds if index < len(r)]
-        ok = sorted((r for r in same if r.status == "ok"), key=lambda r: r.ops_per_s)
+        ok = [r for r in same if r.status == "ok"]
         if not ok:
             picked.append(first)
             continue
+        changes = [c for c in (r.change for r in ok) if c is not None]
+        if len(changes) == len(ok):
+            ok.sort(key=lambda r: r.change[0] if r.change else 0.0)
+        else:
+            ok.sort(key=lambda r: r.ops_per_s)
         row = ok[(len(ok) - 1) // 2]
         row.round_ops = [round(r.ops_per_s, 1) for r in same if r.status == "ok"]
+        row.round_changes = [[round(drop, 4), round(p99, 3)] for drop, p99 in changes]
         picked.append(row)
     return picked
 
