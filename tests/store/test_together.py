@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from fencepost.core.leases import AcquireRequest, Busy, Granted
+from fencepost.core.leases import AcquireRequest, Busy, Granted, Mode
 from fencepost.errors import LeaseLost
 from fencepost.store.batch import NO_KEYS, Tx
 from fencepost.store.sql import locks
@@ -71,6 +71,57 @@ async def test_a_batch_of_fresh_acquires_and_releases_sends_few_statements(store
     assert statements <= 8 * len(sizes) < len(keys), summary(lines)
     for key in keys:
         assert (await store.get_lock(P, key)).lease is None
+
+
+def _shared(store: Any, key: str, tok: str | None = None) -> Any:
+    return store.acquire_lock(P, key, AcquireRequest(tok or token(), 30, mode=Mode.SHARED),
+                              wait_alive_ms=None)
+
+
+async def test_a_batch_of_shared_acquires_is_decided_by_the_rows_beside_it(store, clock):
+    # Gathered on PostgreSQL (one statement for the batch's shared acquires
+    # of distinct keys): each joins the live shared leases of its lock, and
+    # only an exclusive or a dead lease sends it to the general case.
+    readers = {f"read-{i}": await grant(store, f"read-{i}", mode=Mode.SHARED) for i in range(8)}
+    writers = [f"write-{i}" for i in range(4)]
+    for key in writers:
+        await grant(store, key)
+    lapsed = await grant(store, "lapsed", ttl=5, mode=Mode.SHARED)
+    clock.advance(6_000)  # dead, not yet reaped
+    fresh = [f"new-{i}" for i in range(8)]
+    results = await asyncio.gather(*(_shared(store, k) for k in [*readers, *writers, "lapsed",
+                                                                 *fresh]))
+    outcomes = dict(zip([*readers, *writers, "lapsed", *fresh],
+                        (r.outcome for r in results), strict=True))
+    for key, first in readers.items():
+        joined = outcomes[key]
+        assert isinstance(joined, Granted) and joined.created
+        assert joined.lease.fencing_token > first.fencing_token
+        assert (await store.get_lock(P, key)).holders == 2
+    assert all(isinstance(outcomes[key], Busy) for key in writers)
+    after_lapse = outcomes["lapsed"]  # granted by the general case, which ends the dead one
+    assert isinstance(after_lapse, Granted)
+    assert after_lapse.lease.fencing_token > lapsed.fencing_token
+    assert (await store.get_lock(P, "lapsed")).holders == 1
+    assert all(isinstance(outcomes[key], Granted) for key in fresh)
+    tokens = [o.lease.fencing_token for o in outcomes.values() if isinstance(o, Granted)]
+    assert len(set(tokens)) == len(tokens)
+
+
+async def test_a_batch_of_shared_acquires_sends_few_statements(store):
+    if isinstance(store, SqliteStore):
+        pytest.skip("SQLite's statements are calls in this process, not round trips")
+    held = [f"shared-held-{i}" for i in range(15)]
+    for key in held:
+        await grant(store, key, mode=Mode.SHARED)
+    keys = [*held, *(f"shared-new-{i}" for i in range(15))]
+    sizes, _ = _watch(store)
+    with wire_trace(store) as lines:
+        results = await asyncio.gather(*(_shared(store, key) for key in keys))
+    assert all(isinstance(r.outcome, Granted) for r in results)
+    statements, _ = count_round_trips(lines)
+    # One gathered insert per batch, besides each batch's begin and commit.
+    assert statements <= 4 * len(sizes) < len(keys), summary(lines)
 
 
 async def test_a_batch_of_renewals_sends_few_statements(store, clock):

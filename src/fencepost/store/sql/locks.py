@@ -143,32 +143,40 @@ _FREE_INSERT_PARAMS = (
 )
 
 
-@lru_cache(maxsize=4)
-def _free_insert(token_sql: str) -> Together:
-    """The hot path's exclusive insert that draws its token, for one acquire
-    or for several of a batch: the same test per row, and the token drawn
-    only for the rows it inserts."""
+# A shared acquire's test has the time too: the lease rows that send it to
+# the general case are the exclusive or dead ones.
+_SHARABLE_INSERT_PARAMS = (*_FREE_INSERT_PARAMS, ("l_now", "bigint"))
+
+
+@lru_cache(maxsize=8)
+def _free_insert(token_sql: str, mode: Mode = Mode.EXCLUSIVE) -> Together:
+    """The hot path's insert that draws its token, for one acquire or for
+    several of a batch: the same test per row (_IF_FREE's, or _IF_SHARABLE's
+    for a shared lease), and the token drawn only for the rows it inserts."""
     chosen = [token_sql if name == "fencing_token" else f"x.{name}"
               for name in _LEASE_VALUES.split(", ")]
+    shared = mode is Mode.SHARED
+    params = _SHARABLE_INSERT_PARAMS if shared else _FREE_INSERT_PARAMS
+    blocking = " AND (l.mode <> 'shared' OR l.dies_ms <= x.l_now)" if shared else ""
     # Each test looks up its own key by index (OFFSET 0 keeps the planner
     # from making it a join): as a join, planned for the hundred rows it
     # guesses an unnest gives, it hashed every row of the table instead, all
     # 10,000 parked waiters for a batch of 20 acquires (4 ms, measured).
     many = (
-        f"WITH x AS (SELECT * FROM {unnest(_FREE_INSERT_PARAMS)}), "
+        f"WITH x AS (SELECT * FROM {unnest(params)}), "
         f"granted AS (INSERT INTO locks ({_LEASE_VALUES}) SELECT {', '.join(chosen)} FROM x "
         "WHERE NOT EXISTS (SELECT 1 FROM lock_waiters w WHERE w.project = x.w_project "
         "AND w.key = x.w_key AND w.alive_until_ms > x.w_now OFFSET 0) "
         "AND NOT EXISTS (SELECT 1 FROM lock_delays d WHERE d.project = x.d_project "
         "AND d.key = x.d_key AND d.until_ms > x.d_now OFFSET 0) "
         "AND NOT EXISTS (SELECT 1 FROM locks l WHERE l.project = x.l_project "
-        "AND l.key = x.l_key OFFSET 0) "
+        f"AND l.key = x.l_key{blocking} OFFSET 0) "
         "ON CONFLICT (project, key, lock_token) DO NOTHING "
         "RETURNING project, key, lock_token, fencing_token) "
         "SELECT x.n, granted.fencing_token FROM granted JOIN x ON granted.project = x.project "
         "AND granted.key = x.key AND granted.lock_token = x.lock_token"
     )
-    return Together(_insert_if(_IF_FREE, token_sql), many)
+    return Together(_insert_if(_IF_SHARABLE if shared else _IF_FREE, token_sql), many)
 
 
 # A release deletes the token's lease only while it is live: a dead one (not
@@ -485,13 +493,14 @@ def acquire(
     values = _lease_values(project, guess.lease)
     if token_sql is not None:  # the token is drawn by the insert, only if it inserts
         values = (*values[:3], *values[4:])
-    free = (project, key, tx.now_ms, project, key, tx.now_ms, project, key)
+    free: tuple[Any, ...] = (project, key, tx.now_ms, project, key, tx.now_ms, project, key)
     if request.mode is Mode.SHARED:
-        sent = tx.execute(_insert_if(_IF_SHARABLE, token_sql), (*values, *free, tx.now_ms))
-    elif token_sql is not None:
-        sent = tx.send(_free_insert(token_sql), (*values, *free))
+        free = (*free, tx.now_ms)
+    if token_sql is not None:  # gathered with the batch's like acquires, where it may be
+        sent = tx.send(_free_insert(token_sql, request.mode), (*values, *free))
     else:
-        sent = tx.execute(_insert_if(_IF_FREE, token_sql), (*values, *free))
+        condition = _IF_SHARABLE if request.mode is Mode.SHARED else _IF_FREE
+        sent = tx.execute(_insert_if(condition, token_sql), (*values, *free))
 
     def answer() -> AcquireResult | Undecided:
         if token_sql is None:
