@@ -18,8 +18,15 @@ DURABILITY = {
 }
 
 
-def _get(row: Any, name: str) -> Any:
-    return row[name] if isinstance(row, dict) else getattr(row, name)
+_REQUIRED = object()
+
+
+def _get(row: Any, name: str, default: Any = _REQUIRED) -> Any:
+    """A field of a row, whether a Row or one read back from a result file;
+    `default` for a field that older result files do not have."""
+    if default is _REQUIRED:
+        return row[name] if isinstance(row, dict) else getattr(row, name)
+    return row.get(name, default) if isinstance(row, dict) else getattr(row, name, default)
 
 
 def _share(row: Any) -> float | None:
@@ -220,8 +227,7 @@ def _judged(row: Any, alone: Any | None) -> tuple[
     judged against (ops/s, p99): the pair measured just before it, round by
     round, the median of the rounds; without a pair (a result file written
     before pairs were measured), the run's (a) row."""
-    paired = (float(_get(row, "paired_ops_per_s") if _has(row, "paired_ops_per_s") else 0),
-              float(_get(row, "paired_p99_ms") if _has(row, "paired_p99_ms") else 0))
+    paired = (float(_get(row, "paired_ops_per_s", 0)), float(_get(row, "paired_p99_ms", 0)))
     own = change(float(_get(row, "ops_per_s")), float(_get(row, "p99_ms")), *paired)
     if own is None:
         if alone is None:
@@ -233,10 +239,6 @@ def _judged(row: Any, alone: Any | None) -> tuple[
     rounds = [list(c) for c in (_get(row, "round_changes") or [])] or [list(own)]
     drops, slowers = [c[0] for c in rounds], [c[1] for c in rounds]
     return (_median(drops), drops), (_median(slowers), slowers), paired
-
-
-def _has(row: Any, name: str) -> bool:
-    return name in row if isinstance(row, dict) else hasattr(row, name)
 
 
 def _spread(values: list[float], percent: bool) -> str:

@@ -279,9 +279,10 @@ def _median_rows(rounds: list[list[Row]]) -> list[Row]:
         if not ok:
             picked.append(first)
             continue
-        changes = [c for c in (r.change for r in ok) if c is not None]
-        if len(changes) == len(ok):
-            ok.sort(key=lambda r: r.change[0] if r.change else 0.0)
+        paired = [(c, r) for r in ok if (c := r.change) is not None]
+        changes = [c for c, _ in paired]
+        if len(paired) == len(ok):
+            ok = [r for _, r in sorted(paired, key=lambda pair: pair[0][0])]
         else:
             ok.sort(key=lambda r: r.ops_per_s)
         row = ok[(len(ok) - 1) // 2]
