@@ -7,37 +7,18 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
-from yoyo import get_backend, read_migrations
-from yoyo.migrations import MigrationList
 
 from fencepost.core.leases import AcquireRequest, Busy, Granted, Mode
-from fencepost.store.migrate import migrations_dir
-from fencepost.store.postgresql import PostgresStore
-from fencepost.store.sqlite import SqliteStore
-from pg_support import temporary_database
 
+from . import migrating
 from .conftest import FakeClock
 
 P = "default"
 BEFORE = "0008_primitives"
 LOCK_TOKEN = str(uuid.uuid4())
 WAITER_TOKEN = str(uuid.uuid4())
-
-
-def migrate_until(url: str, backend: str) -> Any:
-    """Apply the migrations up to BEFORE; return the open yoyo backend."""
-    migrator = get_backend(url)
-    wanted = []
-    for migration in read_migrations(migrations_dir(backend)):
-        wanted.append(migration)
-        if migration.id == BEFORE:
-            break
-    with migrator.lock():
-        migrator.apply_migrations(migrator.to_apply(MigrationList(wanted)))
-    return migrator
 
 
 def seed(migrator: Any, now_ms: int) -> None:
@@ -61,15 +42,8 @@ def seed(migrator: Any, now_ms: int) -> None:
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def old_store(request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock):  # type: ignore[no-untyped-def]
-    if request.param == "sqlite":
-        path = tmp_path / "old.db"
-        seed(migrate_until(f"sqlite:///{path}", "sqlite"), clock.now)
-        yield SqliteStore(str(path), clock_ms=clock)
-        return
-    with temporary_database() as url:
-        yoyo_url = urlunsplit(("postgresql+psycopg", *urlsplit(url)[1:]))
-        seed(migrate_until(yoyo_url, "postgresql"), clock.now)
-        yield PostgresStore(url, clock_ms=clock)
+    yield from migrating.old_store(
+        request.param, tmp_path, clock, BEFORE, lambda migrator: seed(migrator, clock.now))
 
 
 async def test_a_held_lock_and_its_line_survive_the_migration(old_store, clock):

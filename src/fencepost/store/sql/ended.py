@@ -22,6 +22,10 @@ _ON_CONFLICT = (
     "reason = excluded.reason, ended_ms = excluded.ended_ms, "
     "fencing_token = excluded.fencing_token"
 )
+# A fence check's lookup, by the index that leads with the token (migration 0015).
+BY_FENCING_TOKEN = (
+    "SELECT reason FROM ended_leases WHERE fencing_token = ? AND project = ? AND key = ?"
+)
 # Rows per statement: 60 parameters at most, which psycopg still caches the
 # parsing of; and few distinct statement texts for the statement caches.
 _CHUNK = 10
@@ -74,10 +78,7 @@ def reason_of_token(tx: Tx, project: str, key: str, fencing_token: int) -> EndRe
     for (p, k, _), (why, _, fencing) in (pending or {}).items():
         if (p, k, fencing) == (project, key, fencing_token):
             return EndReason(why)
-    row = tx.execute(
-        "SELECT reason FROM ended_leases WHERE project = ? AND key = ? AND fencing_token = ?",
-        (project, key, fencing_token),
-    ).fetchone()
+    row = tx.execute(BY_FENCING_TOKEN, (fencing_token, project, key)).fetchone()
     return _why(row)
 
 
