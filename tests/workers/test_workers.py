@@ -410,9 +410,57 @@ def test_a_bad_worker_count_is_a_usage_error(tmp_path: Path, value: str) -> None
 
 def test_cores_is_one_worker_per_core_this_process_may_use() -> None:
     from fencepost.cli.server import WorkerCount
+    from fencepost.server.cores import cpu_quota
 
-    assert WorkerCount().convert("cores", None, None) == len(os.sched_getaffinity(0))
+    if cpu_quota() is None:  # this test's own process runs without a CPU quota
+        assert WorkerCount().convert("cores", None, None) == len(os.sched_getaffinity(0))
     assert WorkerCount().convert(" 3 ", None, None) == 3
+
+
+def _cpu_cgroup_v1() -> Path | None:
+    """A cgroup-v1 CPU hierarchy this test may make cgroups in (root on a
+    machine that mounts one), or None."""
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        head, _, tail = line.partition(" - ")
+        fields, after = head.split(), tail.split()
+        if len(after) >= 3 and after[0] == "cgroup" and "cpu" in after[2].split(","):
+            mount = Path(fields[4])
+            if os.access(mount, os.W_OK):
+                return mount
+    return None
+
+
+@pytest.mark.parametrize("quota_cores,expected", [(0.5, 1), (1.5, 2)])
+def test_cores_counts_a_cpu_quota(tmp_path: Path, quota_cores: float, expected: int) -> None:
+    """`--workers cores` in a cgroup whose CPU quota is less than the cores the
+    process sees (a container run with `--cpus`): one worker per core of the
+    quota, rounded up, not one per visible core."""
+    hierarchy = _cpu_cgroup_v1()
+    if hierarchy is None:
+        pytest.skip("no writable cgroup-v1 CPU hierarchy to set a quota in (needs root)")
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two visible cores to tell a quota from the affinity")
+    group = hierarchy / f"fencepost-test-{uuid.uuid4().hex[:8]}"
+    group.mkdir()
+    server = ServerProcess(
+        tmp_path / "server", extra_args=["--workers", "cores"],
+        # Joins the cgroup, then becomes the server: everything it starts is inside.
+        command_prefix=["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(group)],
+    )
+    try:
+        (group / "cpu.cfs_period_us").write_text("100000")
+        (group / "cpu.cfs_quota_us").write_text(str(int(quota_cores * 100000)))
+        server.start()
+        wait_until(server.announced, "the serving line", timeout=20)
+        line = next(text for text in server.stderr_path.read_text().splitlines()
+                    if "serving on" in text)
+        if expected == 1:
+            assert "workers)" not in line, line
+        else:
+            assert f"({expected} workers)" in line, line
+    finally:
+        server.stop()
+        group.rmdir()
 
 
 def test_metrics_folders_of_killed_supervisors_are_removed(tmp_path: Path) -> None:

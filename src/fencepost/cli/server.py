@@ -18,6 +18,7 @@ from fencepost.core.keys import MIN_BOOTSTRAP_SECRET_LENGTH
 from fencepost.core.names import is_valid_name
 from fencepost.errors import FencepostError
 from fencepost.logs import configure as configure_logging
+from fencepost.server.cores import usable_cores
 from fencepost.store import make_store, redacted, sqlite_path
 
 DEFAULT_STORE = "sqlite:///fencepost.db"
@@ -48,7 +49,8 @@ def _save_secret(path: Path, secret: str) -> None:
 
 
 class WorkerCount(click.ParamType[int]):
-    """1..256, or `cores`: as many as the cores this process may run on."""
+    """1..256, or `cores`: as many as the cores this process may use (its CPU
+    affinity, fewer under a CPU quota)."""
 
     name = "N|cores"
     _MAX = 256
@@ -59,8 +61,7 @@ class WorkerCount(click.ParamType[int]):
             return value
         text = str(value).strip().lower()
         if text == "cores":
-            return max(1, min(self._MAX, len(os.sched_getaffinity(0))
-                              if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+            return min(self._MAX, usable_cores())
         if text.isdigit() and 1 <= int(text) <= self._MAX:
             return int(text)
         self.fail(f"{value!r} is not a number of workers (1..{self._MAX}) or 'cores'.",
@@ -102,7 +103,8 @@ class WorkerCount(click.ParamType[int]):
 @click.option("--workers", envvar="FENCEPOST_WORKERS", default="1", show_default=True,
               type=WorkerCount(),
               help="Serving processes sharing the port, each using one core; 'cores' for "
-                   "one per core this process may use. See the operations guide.")
+                   "one per core this process may use (its CPU affinity, or its cgroup's "
+                   "CPU quota if lower). See the operations guide.")
 def serve(
     store: str, store_readers: int, host: str, port: int, access_log: str | None,
     trusted_proxies: str, max_connections: int | None, tls_cert: str | None,
