@@ -238,9 +238,64 @@ async def test_other_replicas_hear_of_freed_locks_with_awkward_names(store, cloc
         key = "it's \"quoted\" \\ {braces}, [x]"
         a = token()
         await grant(store, key, a)
+        await _park(store, key)  # someone waits: the release is for every process
         await store.release_lock(P, key, a)
         await hear(store, heard, "after")  # freed after `key`, so heard after it
         assert lock_freed(P, key) in heard
+    finally:
+        await other.close()
+
+
+async def _park(store: Any, key: str) -> None:
+    """A waiter's place in the lock's line (its waiting request is elsewhere)."""
+    waiting = await store.acquire_lock(P, key, AcquireRequest(token(), 30),
+                                       wait_alive_ms=_PLACE_MS)
+    assert waiting.ticket is not None
+
+
+async def _park_set(store: Any, keys: list[str]) -> None:
+    waiting = await store.acquire_lock_set(P, keys, AcquireRequest(token(), 30),
+                                           wait_alive_ms=_PLACE_MS)
+    assert waiting.ticket is not None
+
+
+_PLACE_MS = 60_000  # far beyond anything these tests wait for
+
+
+@pytest.mark.parametrize("line", ["nobody", "a waiter", "a lock set", "a waiter who left"])
+async def test_a_release_is_heard_elsewhere_exactly_when_someone_is_in_line(
+    store, clock, line: str
+) -> None:
+    """A holder's release wakes the other processes serving the store only
+    when the lock's line has someone in it: with nobody there, nobody
+    elsewhere can be waiting. This process's own listeners hear it always."""
+    other = reopen(store, clock)
+    heard: list[Freed] = []
+    other.add_freed_listener(heard.append)
+    here: list[Freed] = []
+    store.add_freed_listener(here.append)
+    await other.open()
+    try:
+        await hear(store, heard, "before")
+        key, holder = f"released-{line.replace(' ', '-')}", token()
+        await grant(store, key, holder)
+        if line == "a waiter":
+            await _park(store, key)
+        elif line == "a lock set":
+            await grant(store, "other-key")
+            await _park_set(store, ["other-key", key])
+        elif line == "a waiter who left":
+            waiter = await store.acquire_lock(P, key, AcquireRequest(token(), 30),
+                                              wait_alive_ms=_PLACE_MS)
+            assert waiter.ticket is not None
+            await store.leave_line(P, key, waiter.ticket)
+        await hear(store, heard, "set up")  # what the setting up freed is heard by now
+        heard.clear()
+        here.clear()
+        await store.release_lock(P, key, holder)
+        await hear(store, heard, "after")  # freed after `key`, so heard after it
+        assert lock_freed(P, key) in here
+        assert (lock_freed(P, key) in heard) == (line in ("a waiter", "a lock set")), heard
     finally:
         await other.close()
 

@@ -138,16 +138,25 @@ class ForceReleaser:
 class Freed:
     """Something may now be grantable: a lock or pool slot was released, expired
     or reclaimed, a waiter left the line, or a pool changed. `wake_all` asks every
-    local waiter of that line to re-check (the pool was deleted or reconfigured)."""
+    local waiter of that line to re-check (the pool was deleted or reconfigured).
+
+    `remote`: whether the other processes serving the store (replicas,
+    workers) are told too. False where the store saw nobody in the line when
+    it freed the thing: a waiter elsewhere has a place in the line from its
+    join on (joins and frees of one lock are decided one after the other), so
+    nobody elsewhere can be waiting for it, and its waiters in this process
+    are told all the same. It says who hears the wake-up, not what was freed,
+    so it takes no part in comparisons."""
 
     kind: str  # "lock" or "pool"
     project: str
     name: str
     wake_all: bool = False
+    remote: bool = field(default=True, compare=False)
 
 
-def lock_freed(project: str, key: str) -> Freed:
-    return Freed("lock", project, key)
+def lock_freed(project: str, key: str, remote: bool = True) -> Freed:
+    return Freed("lock", project, key, remote=remote)
 
 
 def pool_freed(project: str, pool: str, wake_all: bool = False) -> Freed:

@@ -244,8 +244,11 @@ class PostgresEngine:
         return _pipelined(conn)
 
     def commit(self, conn: _Connection, events: list[Any]) -> None:
-        # Only wake-ups cross replicas; grants and ends are this process's to report.
-        payloads = sorted({_encode(event) for event in events if isinstance(event, Freed)})
+        # Only wake-ups cross replicas, and only those someone elsewhere may
+        # wait for; grants and ends are this process's to report.
+        payloads = sorted({
+            _encode(event) for event in events if isinstance(event, Freed) and event.remote
+        })
         # Called inside `pipeline`, behind the batch's gathered writes
         # (batch.py): the notification and the commit go out with them, one
         # statement per message, and the answers are read at the pipeline's end.

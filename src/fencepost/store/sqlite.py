@@ -159,7 +159,7 @@ class SqliteEngine:
         # Events are published in this process after the commit; wake-ups
         # also go to the other processes serving the file, read inside the
         # transaction so that one that registered before it is told.
-        freed = [event for event in events if isinstance(event, Freed)]
+        freed = [event for event in events if isinstance(event, Freed) and event.remote]
         others = self.peers.others(conn.execute) if freed else []
         try:
             conn.execute("COMMIT")

@@ -185,12 +185,19 @@ def _free_insert(token_sql: str, mode: Mode = Mode.EXCLUSIVE) -> Together:
 # pipeline would find the lock free and no delay yet (SPEC §3.9). The general
 # case ends it as the reaper would.
 _RELEASE_PARAMS = (("project", "text"), ("key", "text"), ("lock_token", "text"), ("now", "bigint"))
+# A release's lease, and whether the lock's line has anyone in it: with nobody
+# there, no other process can be waiting for the lock (a waiter has its place
+# from its join on, and joins wait their turn on the lock like releases), so
+# the wake-up stays in this process (Freed.remote).
+_LINED = (
+    "EXISTS (SELECT 1 FROM lock_waiters w WHERE w.project = {t}.project AND w.key = {t}.key)"
+)
 _RELEASE = Together(
     f"DELETE FROM locks WHERE project = ? AND key = ? AND lock_token = ? AND dies_ms > ? "
-    f"RETURNING {_LEASE_COLUMNS}",
+    f"RETURNING {_LEASE_COLUMNS}, {_LINED.format(t='locks')}",
     f"DELETE FROM locks l USING {unnest(_RELEASE_PARAMS)} "
     "WHERE l.project = x.project AND l.key = x.key AND l.lock_token = x.lock_token "
-    f"AND l.dies_ms > x.now RETURNING x.n, {columns(_LeaseRow, 'l')}",
+    f"AND l.dies_ms > x.now RETURNING x.n, {columns(_LeaseRow, 'l')}, {_LINED.format(t='l')}",
 )
 
 
@@ -777,7 +784,7 @@ def release(
             tx, project, key, lock_token, lease.fencing_token, EndReason.RELEASED,
             lease.acquired_ms,
         )
-        tx.events.append(lock_freed(project, key))
+        tx.events.append(lock_freed(project, key, remote=bool(row[_AFTER_LEASE])))
         return True
 
     def otherwise() -> bool:
