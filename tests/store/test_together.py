@@ -6,6 +6,7 @@ statement counts are PostgreSQL's (SQLite runs each operation whole)."""
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 import pytest
@@ -375,3 +376,30 @@ async def test_a_waiters_retry_reads_the_lock_and_its_line_in_one_statement(stor
     assert isinstance(again.outcome, Busy) and again.ticket == joined.ticket
     statements, round_trips = count_round_trips(lines)
     assert (statements, round_trips) == (4, 3), summary(lines)
+
+
+def test_gathered_arrays_go_to_postgresql_in_binary() -> None:
+    """Every gathered statement's arrays are sent in psycopg's binary form (a
+    text array is checked element by element for quoting, at 2.5 times the
+    CPU), every other parameter as before: the statement still runs, and a
+    gathered statement of every kind has no array left in the text form."""
+    import psycopg
+
+    from fencepost.store import postgresql
+    from fencepost.store.sql import pools
+
+    converted = postgresql._placeholders(
+        "SELECT * FROM unnest(?::text[], ?::bigint[]) AS x(a, b) "
+        "WHERE b > ? AND a IS DISTINCT FROM ?::text")
+    assert converted == ("SELECT * FROM unnest(%b::text[], %b::bigint[]) AS x(a, b) "
+                         "WHERE b > %s AND a IS DISTINCT FROM %s::text")
+    gathered = [v.many for module in (locks, pools) for v in vars(module).values()
+                if isinstance(v, Together)]
+    gathered.append(locks._free_insert("nextval('fencing_tokens')").many)
+    assert len(gathered) >= 5
+    for statement in gathered:
+        sent = postgresql._placeholders(statement)
+        assert "%b::" in sent and re.search(r"%s::\w+\[\]", sent) is None, sent
+    with migrated_database() as url, psycopg.connect(url) as conn:
+        rows = conn.execute(converted, (["a", None, "c"], [1, 2**53 - 1, None], 0, "c"))
+        assert rows.fetchall() == [("a", 1), (None, 2**53 - 1)]
