@@ -3,8 +3,9 @@ while workload (a) is measured.
 
 (e) parked waiters: `python -m fpbench.background park URL KEY LOCKS WAITERS`
     holds LOCKS locks and then parks WAITERS requests in their lines (each a
-    keep-alive connection with a PUT that waits 300 s), prints `parked N` once
-    the server shows them all in line, and keeps them there until killed.
+    keep-alive connection with a PUT that waits 300 s), prints `parked N
+    LOCK...` (how many are in line, then the locks' names) once the server
+    shows them all in line, and keeps them there until killed.
 (f) held locks: `preload_locks` writes N live leases straight into the store
     (one statement; through the API it would take minutes), as leases that
     outlive the measurement.
@@ -67,9 +68,13 @@ async def _waiting(host: str, port: int, key: str, locks: list[str]) -> int:
     return total
 
 
-async def park(url: str, key: str, lock_count: int, waiters: int) -> None:
+def _address(url: str) -> tuple[str, int]:
     parts = urlsplit(url)
-    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    return parts.hostname or "127.0.0.1", parts.port or 80
+
+
+async def park(url: str, key: str, lock_count: int, waiters: int) -> None:
+    host, port = _address(url)
     nonce = uuid.uuid4().hex[:8]
     locks = [f"{PARK_PREFIX}-{nonce}-{i}" for i in range(lock_count)]
     for lock in locks:
@@ -97,7 +102,7 @@ async def park(url: str, key: str, lock_count: int, waiters: int) -> None:
     # server finish answering and parking the last of them before the
     # measurement starts.
     await asyncio.sleep(_SETTLE_S)
-    print(f"parked {in_line}", flush=True)
+    print(f"parked {in_line} {' '.join(locks)}", flush=True)
     await asyncio.Event().wait()  # until killed
 
 
@@ -115,13 +120,18 @@ def parked_now(url: str) -> float | None:
     return None
 
 
-def wait_until_unparked(url: str, timeout_s: float = 120.0) -> bool:
+def wait_until_unparked(url: str, key: str, locks: list[str], timeout_s: float = 120.0) -> bool:
     """Once (e)'s parker is killed, its 10,000 connections close and the
     server takes each waiter out of line: wait for that, so that what runs
-    next is not measured against the clean-up."""
+    next is not measured against the clean-up. Both halves of it: the
+    server's parked gauge falls as each request is answered, and the store
+    work of taking each place out of its line (10,000 operations) comes
+    after; on PostgreSQL that went on for seconds into the next
+    measurement."""
     deadline = time.monotonic() + timeout_s
+    host, port = _address(url)
     while time.monotonic() < deadline:
-        if parked_now(url) == 0:
+        if parked_now(url) == 0 and asyncio.run(_waiting(host, port, key, locks)) == 0:
             return True
         time.sleep(0.25)
     return False

@@ -161,7 +161,8 @@ def _with_background(system: System, workload: str, seconds: int, connections: i
         line = parker.stdout.readline().strip()
         if not line.startswith("parked "):
             raise RuntimeError(f"could not park the waiters: {line or parker.wait()}")
-        in_line = int(line.split()[1])
+        _, count, *locks = line.split()
+        in_line = int(count)
         if in_line < PARKED_WAITERS:
             # Fewer waiters is not workload (e): it would flatter the server
             # whose waiters fell out of line.
@@ -169,12 +170,12 @@ def _with_background(system: System, workload: str, seconds: int, connections: i
                                "when parking ended")
         row = _measure_load(system, workload, seconds, connections, warmup, install,
                             profile_dir)
-        row.loader += f"; {line.split()[1]} waiters parked on {PARKED_LOCKS} locks"
+        row.loader += f"; {in_line} waiters parked on {PARKED_LOCKS} locks"
     finally:
         parker.kill()
         parker.wait()
-    if not background.wait_until_unparked(system.base_url):
-        row.loader += "; its waiters were still parked 120 s after their connections closed"
+    if not background.wait_until_unparked(system.base_url, BENCH_KEY, locks):
+        row.loader += "; its waiters were still in line 120 s after their connections closed"
     return row
 
 
