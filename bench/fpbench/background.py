@@ -177,8 +177,19 @@ def preload_locks(store_url: str, count: int) -> None:
             "FROM generate_series(1, %s) AS i ON CONFLICT (project, key, lock_token) DO NOTHING",
             (f"{HELD_PREFIX}-", now, now + _DAY_MS, now + 90 * _DAY_MS, now + _DAY_MS, count),
         )
-        # Measure the steady state of a million held locks, not the bulk
-        # load's aftermath (the insert-triggered vacuum, a checkpoint of its WAL).
+    # Measure the steady state of a million held locks, not the bulk load's
+    # aftermath (the insert-triggered vacuum, a checkpoint of its WAL).
+    settle(store_url)
+
+
+def settle(store_url: str) -> None:
+    """On PostgreSQL, vacuum and analyze the locks table and checkpoint: the
+    same start for (f) and for its pair (SQLite keeps no dead rows to vacuum)."""
+    if not store_url.startswith("postgres"):
+        return
+    import psycopg
+
+    with psycopg.connect(store_url, autocommit=True) as conn:
         conn.execute("VACUUM ANALYZE locks")
         conn.execute("CHECKPOINT")
 

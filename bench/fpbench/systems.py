@@ -156,6 +156,12 @@ class Fencepost(System):
             admin.execute(f'CREATE DATABASE "{self.db_name}"')
             row = admin.execute("SHOW server_version").fetchone()
             self.version += f", on PostgreSQL {row[0] if row else '?'}"
+            # Without autovacuum the locks table's dead rows pile up while a
+            # workload runs, and each later cell pays more for them.
+            (autovacuum,) = admin.execute("SHOW autovacuum").fetchone() or ("?",)
+            note = f"PostgreSQL autovacuum {autovacuum}"
+            if note not in self.notes:
+                self.notes.append(note)
         base = self.pg_admin_url.rsplit("/", 1)[0]
         self.store_url = f"{base}/{self.db_name}"
 
