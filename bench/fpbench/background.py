@@ -184,7 +184,8 @@ def preload_locks(store_url: str, count: int) -> None:
 
 def settle(store_url: str) -> None:
     """On PostgreSQL, vacuum and analyze the locks table and checkpoint: the
-    same start for (f) and for its pair (SQLite keeps no dead rows to vacuum)."""
+    same start for (e) or (f) and for its pair (SQLite keeps no dead rows to
+    vacuum)."""
     if not store_url.startswith("postgres"):
         return
     import psycopg
