@@ -240,6 +240,14 @@ class StoreUnavailable(FencepostError):
     default_message = "The store is not answering."
 
 
+class StoreNotReplicated(StoreUnavailable):
+    """503: the server was told to change nothing unless a synchronous standby
+    confirms the commit (`--require-sync-replication`), and none does now."""
+
+    code = "store_not_replicated"
+    default_message = "No synchronous standby confirms commits now; nothing was changed."
+
+
 class QueueTimeout(FencepostError):
     """504: waited the whole wait and no pool slot opened."""
 

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
+from pg_private import PrivatePostgres, private_root
 
 from pg_support import temporary_database
 from support import WAKE_UPS_ONLY, ServerProcess, faketime_library, server_fleet
@@ -52,3 +53,15 @@ def faketime_prefix(offset: str) -> list[str]:
     parent-death signal would reach it (it kept running after the test)."""
     return ["env", f"LD_PRELOAD={faketime_library()}", f"FAKETIME={offset}",
             "FAKETIME_DONT_FAKE_MONOTONIC=1"]
+
+
+@pytest.fixture
+def private_pg() -> Iterator[PrivatePostgres]:
+    """A PostgreSQL server of the test's own, which it may stop or crash."""
+    with private_root() as root:
+        pg = PrivatePostgres(root / "pg")
+        pg.start()
+        try:
+            yield pg
+        finally:
+            pg.stop()

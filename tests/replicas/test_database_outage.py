@@ -7,74 +7,15 @@ user) so that stopping it disturbs nothing else.
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import tempfile
 import threading
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Iterator
 
 import httpx
-import pytest
+from pg_private import PrivatePostgres
 
-from support import ServerProcess, free_port, lock_headers, missing, new_token
-
-PG_BIN = Path("/usr/lib/postgresql")
-
-
-class PrivatePostgres:
-    def __init__(self, root: Path) -> None:
-        versions = sorted(PG_BIN.glob("*/bin/pg_ctl")) if PG_BIN.exists() else []
-        if not versions or os.geteuid() != 0 or shutil.which("runuser") is None:
-            missing("PostgreSQL server binaries and root (to run them as postgres)")
-        self.bin = versions[-1].parent
-        self.data = root / "pgdata"
-        self.port = free_port()
-        root.mkdir(parents=True, exist_ok=True)
-        shutil.chown(root, "postgres")
-        self._as_postgres(self.bin / "initdb", "-D", str(self.data), "-U", "postgres",
-                          "--auth=trust", "-E", "UTF8")
-
-    @property
-    def url(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
-
-    def _as_postgres(self, *cmd: object) -> None:
-        done = subprocess.run(["runuser", "-u", "postgres", "--", *map(str, cmd)],
-                              capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, f"{cmd[0]} failed: {done.stdout}{done.stderr}"
-
-    def start(self) -> None:
-        self._as_postgres(self.bin / "pg_ctl", "-D", self.data, "-w", "-l",
-                          self.data / "log.txt", "-o",
-                          f"-p {self.port} -k {self.data} -c listen_addresses=127.0.0.1",
-                          "start")
-
-    def crash(self) -> None:
-        """Stop at once, without a checkpoint: what a crash leaves behind."""
-        self._as_postgres(self.bin / "pg_ctl", "-D", self.data, "-m", "immediate", "stop")
-
-    def stop(self) -> None:
-        subprocess.run(["runuser", "-u", "postgres", "--", str(self.bin / "pg_ctl"), "-D",
-                        str(self.data), "-m", "fast", "stop"], capture_output=True, timeout=60)
-
-
-@pytest.fixture
-def private_pg() -> Iterator[PrivatePostgres]:
-    # Not under pytest's tmp_path: that is private to root, and the server runs
-    # as the postgres user.
-    root = Path(tempfile.mkdtemp(prefix="fencepost-pg-"))
-    root.chmod(0o755)
-    try:
-        pg = PrivatePostgres(root / "pg")
-        pg.start()
-        yield pg
-        pg.stop()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+from support import ServerProcess, lock_headers, new_token
 
 
 def wait_healthy(replica: ServerProcess, timeout: float = 20) -> None:

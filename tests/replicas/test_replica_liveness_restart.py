@@ -12,12 +12,12 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+from pg_private import PrivatePostgres
+
 from fencepost.core.leases import AcquireRequest, Granted
 from fencepost.errors import StoreUnavailable
 from fencepost.store.postgresql import PostgresStore
 from pg_support import sessions_gone
-
-from .test_database_outage import PrivatePostgres, private_pg  # noqa: F401 - the fixture
 
 P = "default"
 
@@ -38,7 +38,7 @@ async def answered(step):
 
 
 async def test_after_a_database_restart_nobody_is_judged_before_reconnecting(
-    private_pg: PrivatePostgres,  # noqa: F811 - the fixture
+    private_pg: PrivatePostgres,
 ) -> None:
     a, b = PostgresStore(private_pg.url), PostgresStore(private_pg.url)
     await a.open()

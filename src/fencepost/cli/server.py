@@ -75,6 +75,16 @@ class WorkerCount(click.ParamType[int]):
 @click.option("--store-readers", envvar="FENCEPOST_STORE_READERS", default=2, show_default=True,
               type=click.IntRange(0, 64),
               help="Read-only store connections besides the writers.")
+@click.option("--store-timeout", envvar="FENCEPOST_STORE_TIMEOUT", default=2.0,
+              show_default=True, type=click.FloatRange(0.2, 300),
+              help="Seconds a request waits for a PostgreSQL database that stopped answering "
+                   "before it is answered 503 store_unavailable (its outcome then unknown; "
+                   "retrying with the same lock token is safe).")
+@click.option("--require-sync-replication", envvar="FENCEPOST_REQUIRE_SYNC_REPLICATION",
+              is_flag=True, default=False,
+              help="PostgreSQL: answer 503 store_not_replicated to every change while no "
+                   "synchronous standby confirms commits, so that no acknowledged change "
+                   "can be lost in a failover.")
 @click.option("--host", envvar="FENCEPOST_HOST", default="127.0.0.1", show_default=True)
 @click.option("--port", envvar="FENCEPOST_PORT", default=7440, show_default=True,
               type=click.IntRange(0, 65535))
@@ -109,7 +119,8 @@ def serve(
     store: str, store_readers: int, host: str, port: int, access_log: str | None,
     trusted_proxies: str, max_connections: int | None, tls_cert: str | None,
     tls_key: str | None, drain_seconds: float, event_log: str | None,
-    metrics_key: str | None, workers: int,
+    metrics_key: str | None, workers: int, store_timeout: float,
+    require_sync_replication: bool,
 ) -> None:
     """Run the lock service."""
     configure_logging()
@@ -139,7 +150,8 @@ def serve(
     except ValueError as exc:
         raise click.UsageError(f"--trusted-proxies: {exc}") from None
     try:
-        make_store(store)  # the URL's form, checked before anything starts
+        # The URL's form, checked before anything starts.
+        make_store(store, require_sync=require_sync_replication)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     key_file = _bootstrap_file(store)
@@ -172,7 +184,8 @@ def serve(
         store=store, store_readers=store_readers, host=host, port=port, access_log=access_log,
         event_log=event_log, metrics_key=metrics_key or None, bootstrap_key=bootstrap_key,
         trusted_proxies=proxies, max_connections=max_connections, tls_cert=tls_cert,
-        tls_key=tls_key, drain_seconds=drain_seconds,
+        tls_key=tls_key, drain_seconds=drain_seconds, store_timeout=store_timeout,
+        require_sync_replication=require_sync_replication,
     )
     if workers == 1:
         launch(options, on_ready=ready, on_bootstrap=announce)

@@ -26,10 +26,11 @@ def store_exists(url: str) -> bool:
 def _postgres_has_schema(url: str) -> bool:
     import psycopg
 
-    from fencepost.store.postgresql import CONNECT_TIMEOUT_S, libpq_url
+    from fencepost.store.pg_url import conninfo
+    from fencepost.store.postgresql import CONNECT_TIMEOUT_S
 
     try:
-        with psycopg.connect(libpq_url(url), connect_timeout=CONNECT_TIMEOUT_S) as conn:
+        with psycopg.connect(conninfo(url), connect_timeout=CONNECT_TIMEOUT_S) as conn:
             row = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (_SCHEMA_TABLE,)).fetchone()
     except psycopg.Error as exc:
         raise StoreUnavailable(f"Cannot open the PostgreSQL store: {exc}.") from exc

@@ -32,6 +32,8 @@ class ServeOptions:
     tls_cert: str | None = None
     tls_key: str | None = None
     drain_seconds: float = 0.0
+    store_timeout: float | None = None  # None: the store's default (SPEC §6)
+    require_sync_replication: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -61,7 +63,9 @@ def launch(
     tls = tls_context(options.tls_cert, options.tls_key) if (
         options.tls_cert and options.tls_key) else None
     store = make_store(options.store, readers=options.store_readers,
-                       clock_anchor=worker.clock_anchor if worker else None)
+                       clock_anchor=worker.clock_anchor if worker else None,
+                       timeout_s=options.store_timeout,
+                       require_sync=options.require_sync_replication)
     app = create_app(store, AppConfig(
         access_log=options.access_log, event_log=options.event_log,
         metrics_key=options.metrics_key or None, bootstrap_key=options.bootstrap_key,

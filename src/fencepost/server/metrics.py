@@ -50,6 +50,7 @@ from fencepost.events import (
     SessionChanged,
 )
 from fencepost.store.base import Census, PoolView
+from fencepost.store.standing import Mode, Replication
 
 # No `_created` series: they double the exposition and no alert or graph here uses them.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -223,10 +224,11 @@ class Metrics:
         else:
             self.reaper_freed.inc(freed)
 
-    def exposition(self, census: Census | None) -> bytes:
+    def exposition(self, census: Census | None, replication: Replication | None = None) -> bytes:
         """The text exposition, with the shared state as just read (None: the
-        store did not answer)."""
+        store did not answer) and the store's replication as last read."""
         self.shared.census = census
+        self.shared.replication = replication
         if self._shared_dir is None:
             return generate_latest(self.registry)
         every_worker = CollectorRegistry()
@@ -240,6 +242,7 @@ class SharedState(Collector):
 
     def __init__(self) -> None:
         self.census: Census | None = None
+        self.replication: Replication | None = None
 
     def describe(self) -> Iterable[Metric]:
         return []  # made at scrape time; nothing to check at registration
@@ -250,6 +253,19 @@ class SharedState(Collector):
                                "1 when the store answered this scrape's read, else 0.")
         up.add_metric([], 0 if census is None else 1)
         yield up
+        replication = self.replication
+        if replication is not None:
+            mode = GaugeMetricFamily(
+                "fencepost_store_replication",
+                "1 for the replication that confirms the store's commits (none, async, sync), "
+                "as last read (at each connection and every 10 s).", labels=["mode"])
+            for each in Mode:
+                mode.add_metric([each.value], 1 if replication.mode == each else 0)
+            yield mode
+            standbys = GaugeMetricFamily(
+                "fencepost_store_standbys", "Standbys streaming from the store's primary.")
+            standbys.add_metric([], replication.standbys)
+            yield standbys
         if census is None:
             return
         live = GaugeMetricFamily("fencepost_leases_live",

@@ -289,10 +289,20 @@ class WhoAmI(msgspec.Struct):
     expires_at: At | None
 
 
-class Health(msgspec.Struct):
+class StoreReplication(msgspec.Struct):
+    """What confirms the store's commits (PostgreSQL; SPEC §6): `none` (no
+    standby), `async` (standbys that a failover may find behind) or `sync`."""
+
+    mode: Literal["none", "async", "sync"]
+    standbys: int
+
+
+class Health(msgspec.Struct, omit_defaults=True):
     status: str
     store: str
     version: str
+    # /readyz on PostgreSQL, as last read (at each connection and every 10 s).
+    replication: StoreReplication | None = None
 
 
 class ErrorDetail(msgspec.Struct):

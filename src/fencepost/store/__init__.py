@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit, urlunsplit
-
 from fencepost.store.base import Store
 
 
@@ -19,20 +17,23 @@ def sqlite_path(url: str) -> str:
 
 def redacted(url: str) -> str:
     """The store URL with any password replaced, for logs and messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    from fencepost.store.pg_url import redacted as without_password
+
+    return without_password(url)
 
 
 def make_store(
-    url: str, readers: int | None = None, clock_anchor: tuple[int, int] | None = None
+    url: str, readers: int | None = None, clock_anchor: tuple[int, int] | None = None,
+    timeout_s: float | None = None, require_sync: bool = False,
 ) -> Store:
     """The store for `url`; `readers` is how many read-only connections it keeps
     besides its one writer (default: sql_store.DEFAULT_READERS). SQLite's
     clock starts from `clock_anchor` when given (see SteadyClock); a
-    PostgreSQL store's clock is always the database's."""
+    PostgreSQL store's clock is always the database's. A PostgreSQL store
+    answers 503 after `timeout_s` without an answer from the database, and
+    with `require_sync` changes nothing unless a synchronous standby confirms
+    the commit (SPEC §6); ValueError for a URL that names no store, or for
+    `require_sync` on SQLite."""
     from fencepost.store.sql_store import DEFAULT_READERS
 
     count = DEFAULT_READERS if readers is None else readers
@@ -40,11 +41,21 @@ def make_store(
         from fencepost.clock import SteadyClock
         from fencepost.store.sqlite import SqliteStore
 
+        if require_sync:
+            raise ValueError(
+                "--require-sync-replication needs a PostgreSQL store: an SQLite file has no "
+                "standby"
+            )
         return SqliteStore(sqlite_path(url), SteadyClock(clock_anchor), readers=count)
     if url.startswith(("postgresql:", "postgres:")):
-        from fencepost.store.postgresql import PostgresStore
+        from fencepost.store.pg_url import parameters
+        from fencepost.store.postgresql import DEFAULT_STORE_TIMEOUT_S, PostgresStore
 
-        return PostgresStore(url, readers=count)
+        parameters(url)  # a URL libpq cannot read fails here, before anything starts
+        return PostgresStore(
+            url, readers=count, require_sync=require_sync,
+            timeout_s=DEFAULT_STORE_TIMEOUT_S if timeout_s is None else timeout_s,
+        )
     raise ValueError(
         f"Unknown store URL {url!r}: use sqlite:///path.db or postgresql://user@host/db"
     )

@@ -23,6 +23,7 @@ from fencepost.core.leases import (
 from fencepost.core.ratelimit_headers import RateLimitInfo
 from fencepost.core.sessions import Session
 from fencepost.core.slots import PoolConfig, Slot
+from fencepost.store.standing import Replication
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,6 +288,11 @@ class Store(Protocol):
         """Raise StoreUnavailable unless the store answers and takes writes: its
         file is the one it opened, and the last write batch did not fail (or a
         write probe has committed since). Cheap: one read, no write."""
+
+    def replication(self) -> Replication | None:
+        """What confirms the store's commits, as last read (PostgreSQL: at each
+        connection and every 10 s; SPEC §6); None where nothing replicates
+        (SQLite) or nothing was read yet."""
 
     def add_freed_listener(self, listener: FreedListener) -> None:
         """Call `listener` (on the event loop) after a commit that may free a lock."""

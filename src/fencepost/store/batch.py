@@ -116,10 +116,10 @@ from typing import (
     cast,
 )
 
-from fencepost.errors import StoreUnavailable
+from fencepost.errors import StoreNotReplicated, StoreUnavailable
 from fencepost.events import current_origin
 from fencepost.store.inline import Flusher, TurnWaiter
-from fencepost.store.on_loop import run_on_loop, wait_for
+from fencepost.store.on_loop import Unwatched, run_on_loop, wait_for
 from fencepost.store.together import Gathering, Together
 from fencepost.store.writer_lines import MAX_BATCH, JobLines
 
@@ -201,15 +201,20 @@ class Engine(Protocol):
 
     def fatal(self, exc: BaseException) -> bool: ...
 
-    def connect(self) -> Any: ...
+    def connect(self, writes: bool = True) -> Any:
+        """A connection, for a writer's batches or (`writes` False) a reader's."""
 
     def close(self, conn: Any) -> None: ...
 
-    def begin(self, conn: Any, exclusive: bool, keys: list[int]) -> Callable[[], int]:
+    def begin(
+        self, conn: Any, exclusive: bool, keys: list[int], changes: bool = True
+    ) -> Callable[[], int]:
         """Start the batch transaction (`exclusive`: a write transaction that
         holds the `keys` (Key.number, sorted) until it ends, serialised with
         every other writer holding any of them; otherwise a read-only
-        snapshot); return the clock (epoch ms) for its operations."""
+        snapshot); return the clock (epoch ms) for its operations. `changes`:
+        some operation changes callers' state, not only the store's upkeep
+        (an engine told to change nothing unreplicated refuses it then)."""
 
     def claim(self, conn: Any, keys: list[int]) -> list[bool]:
         """Try to take each of `keys` for the rest of the transaction, without
@@ -234,6 +239,17 @@ class Engine(Protocol):
     def pipeline(self, conn: Any) -> ContextManager[Any]:
         """A block whose statements are sent without waiting for their answers;
         an answer is waited for when it is read, and all of them at the end."""
+
+
+class LoopEngine(Engine, Protocol):
+    """An engine `on_loop`: it connects with a coroutine (so that a connection
+    can go on being made after the batch that wanted it gave up), and its
+    writers give up on a database that does not answer within `timeout_s`
+    (SPEC §7.10)."""
+
+    timeout_s: float
+
+    async def open_connection(self, writes: bool = True) -> Any: ...
 
 
 class InlineEngine(Engine, Protocol):
@@ -412,6 +428,8 @@ class Job(Generic[T]):
     order: int = 0  # its place in submission order (writer_lines.py)
     taken: bool = False  # into a batch (writer_lines.py)
     ahead: bool = False  # goes before the jobs already waiting on its keys (BatchWriter.run)
+    expired: bool = False  # answered 503 while it waited (the store stopped answering)
+    upkeep: bool = False  # the store's own upkeep, never refused for want of replication
 
     def run_whole(self, tx: Tx) -> Any:
         if not self.steps:
@@ -434,14 +452,23 @@ RECONNECT_BACKOFF_S = 0.5
 
 
 class _Link:
-    """One connection of a writer, and when it may next try to connect."""
+    """One connection of a writer; on the loop, also the batch in flight on
+    it, and since when that batch waits for the database (set by
+    run_on_loop, read by the watchdog)."""
 
-    __slots__ = ("conn", "next_connect", "generation")
+    __slots__ = (
+        "conn", "generation", "since", "connecting", "batch", "keys", "task", "abandoned",
+    )
 
     def __init__(self, conn: Any) -> None:
         self.conn = conn
-        self.next_connect = 0.0
         self.generation = 0  # the writer's generation when `conn` was opened
+        self.since: float | None = None
+        self.connecting: asyncio.Future[Any] | None = None  # a connection being made
+        self.batch: list[Job[Any]] = []
+        self.keys: set[Key] = set()
+        self.task: asyncio.Task[None] | None = None
+        self.abandoned = False  # given up on by the watchdog
 
 
 class _Inline:
@@ -464,7 +491,8 @@ class _Looped:
     awaited there (Engine.on_loop): its connections, those free for the next
     batch, and the batches in flight."""
 
-    __slots__ = ("loop", "links", "idle", "scheduled", "closing", "running")
+    __slots__ = ("loop", "links", "idle", "scheduled", "closing", "running", "watchdog",
+                 "abandoned")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, links: list[_Link]) -> None:
         self.loop = loop
@@ -473,6 +501,9 @@ class _Looped:
         self.scheduled = False  # a dispatch is due on the loop
         self.closing = False
         self.running: set[asyncio.Task[None]] = set()
+        self.watchdog: asyncio.Task[None] | None = None
+        # Batches given up on, still ending (their connections' cancellation).
+        self.abandoned: set[asyncio.Task[None]] = set()
 
 
 def test_hooks_enabled() -> bool:
@@ -506,6 +537,9 @@ class BatchWriter:
         self._hold: Callable[[list[Key]], None] | None = None
         self._hold_at_commit = False
         self._generation = 0  # bumped when a connection fails fatally (stale_together)
+        # After a failed connection attempt, no connection is tried before this
+        # (time.monotonic()); the first that succeeds clears it.
+        self._next_connect = 0.0
         # Told each batch's size, its seconds from begin to commit, whether it
         # failed and whether it was replayed isolated (the metrics); called on
         # the writer's loop or threads.
@@ -517,20 +551,22 @@ class BatchWriter:
         if not self._engine.on_loop:
             self._start()
             return
+        engine = cast(LoopEngine, self._engine)
         links = [_Link(None) for _ in range(self._connections)]
         for link in links:
-            link.conn = await run_on_loop(self._engine.connect)
-        self._looped = _Looped(asyncio.get_running_loop(), links)
+            link.conn = await engine.open_connection(self._exclusive)
+        looped = self._looped = _Looped(asyncio.get_running_loop(), links)
+        looped.watchdog = looped.loop.create_task(self._watch(looped, engine.timeout_s))
 
     def _start(self) -> None:
         if self._engine.inline and self._exclusive:
             # Inline (see InlineEngine); an inline engine's readers keep
             # threads of their own, so a read never waits for a write batch.
             engine = cast(InlineEngine, self._engine)
-            self._inline = _Inline(_Link(engine.connect()), engine, f"fencepost-{self._name}")
+            self._inline = _Inline(_Link(engine.connect(True)), engine, f"fencepost-{self._name}")
             self._flusher = Flusher(engine.sync, self._deliver, f"fencepost-{self._name}-sync")
             return
-        links = [_Link(self._engine.connect()) for _ in range(self._connections)]
+        links = [_Link(self._engine.connect(self._exclusive)) for _ in range(self._connections)]
         self._jobs = JobLines()
         self._threads = [
             threading.Thread(
@@ -549,6 +585,9 @@ class BatchWriter:
             while self._jobs.count() or looped.running:  # the last batches
                 await asyncio.sleep(0.001)
             self._looped = None
+            for task in [looped.watchdog, *looped.abandoned]:
+                if task is not None:
+                    task.cancel()
             for link in looped.links:
                 await run_on_loop(self._close, link)
             return
@@ -617,14 +656,20 @@ class BatchWriter:
             return len(self._inline.pending)
         return self._jobs.count()
 
-    async def run(self, fn: Callable[[Tx], T | Refused], keys: Keys, ahead: bool = False) -> T:
+    async def run(
+        self, fn: Callable[[Tx], T | Refused], keys: Keys, ahead: bool = False,
+        upkeep: bool = False,
+    ) -> T:
         """The result of the plain operation `fn`, which touches `keys` (NO_KEYS
         only for an operation that touches no lock, pool or quota, or claims
         what it touches), once its batch has committed; its Refused's error
         raised. `ahead`: it goes before the jobs already waiting on its keys,
         for upkeep whose order among them does not matter and which must not
-        wait behind a backlog (the waiters' sweep keeping their places alive)."""
-        return cast(T, await self._submit(fn, False, keys, ahead))
+        wait behind a backlog (the waiters' sweep keeping their places alive).
+        `upkeep`: the store's own bookkeeping (start-up, the reaper, the
+        sweep, quotas, a waiter leaving its line), which goes on where a
+        caller's change would be refused (--require-sync-replication)."""
+        return cast(T, await self._submit(fn, False, keys, ahead, upkeep))
 
     async def run_steps(self, fn: Callable[[Tx], Step[T | Refused]], keys: Keys) -> T:
         """The result of the step operation `fn`, which touches `keys`, once
@@ -632,7 +677,8 @@ class BatchWriter:
         return cast(T, await self._submit(fn, True, keys))
 
     async def _submit(
-        self, fn: Callable[[Tx], Any], steps: bool, keys: Keys, ahead: bool = False
+        self, fn: Callable[[Tx], Any], steps: bool, keys: Keys, ahead: bool = False,
+        upkeep: bool = False,
     ) -> Any:
         inline, looped = self._inline, self._looped
         if not self._threads and (inline is None or inline.closing) \
@@ -640,7 +686,7 @@ class BatchWriter:
             raise StoreUnavailable("The store is closed.")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        job = Job(fn, future, loop, steps, current_origin(), keys, ahead=ahead)
+        job = Job(fn, future, loop, steps, current_origin(), keys, ahead=ahead, upkeep=upkeep)
         if inline is None:
             self._jobs.put(job)
             if looped is not None and not looped.scheduled:
@@ -691,21 +737,87 @@ class BatchWriter:
             taken = self._jobs.take_ready()
             if taken is None:
                 return
-            task = looped.loop.create_task(self._batch_on_loop(looped, looped.idle.pop(), *taken))
+            link = looped.idle.pop()
+            task = link.task = looped.loop.create_task(self._batch_on_loop(looped, link, *taken))
             looped.running.add(task)
             task.add_done_callback(looped.running.discard)
 
     async def _batch_on_loop(
         self, looped: _Looped, link: _Link, batch: list[Job[Any]], keys: set[Key]
     ) -> None:
+        link.batch, link.keys = batch, keys
         try:
-            await run_on_loop(self._run_batch, link, batch, keys)
+            await run_on_loop(self._run_batch, link, batch, keys, watch=link)
+        except asyncio.CancelledError:
+            if not link.abandoned:
+                raise
         finally:
-            self._jobs.done(keys)
-            looped.idle.append(link)
-            if not looped.scheduled:
-                looped.scheduled = True
-                looped.loop.call_soon(self._dispatch)
+            link.batch, link.keys = [], set()
+            if link.abandoned:
+                # Its callers were answered and its keys handed on when the
+                # watchdog gave up on it; a replacement took its place.
+                looped.abandoned.discard(cast("asyncio.Task[None]", asyncio.current_task()))
+                await run_on_loop(self._close, link)
+            else:
+                self._jobs.done(keys)
+                looped.idle.append(link)
+                self._dispatch_soon(looped)
+
+    def _dispatch_soon(self, looped: _Looped) -> None:
+        if not looped.scheduled:
+            looped.scheduled = True
+            looped.loop.call_soon(self._dispatch)
+
+    async def _watch(self, looped: _Looped, limit: float) -> None:
+        """Give up on a batch that has waited `limit` seconds for one answer
+        from the database (SPEC §7.10: paused, partitioned, or a commit held
+        by a synchronous standby that stalled): its callers, and every job
+        still waiting for a connection, are answered 503 at once; a fresh
+        connection takes its place. Its outcome is unknown to its callers,
+        which the API makes safe to retry (the same lock token, the same
+        slot). Checked every tick, so a caller hears within `limit`."""
+        tick = min(0.1, limit / 10)
+        while not looped.closing:
+            await asyncio.sleep(tick)
+            now = time.monotonic()
+            stuck = [
+                link for link in looped.links
+                if link.since is not None and now - link.since >= limit - tick
+            ]
+            if stuck:
+                self._give_up(looped, stuck, limit)
+
+    def _give_up(self, looped: _Looped, stuck: list[_Link], limit: float) -> None:
+        failure = StoreUnavailable(
+            f"The store did not answer within {limit:g} s; the outcome of a change is unknown "
+            f"(retrying it with the same lock token is safe)."
+        )
+        answered: list[Job[Any]] = []
+        for link in stuck:
+            link.abandoned = True
+            fresh = _Link(None)
+            # A connection still being made is handed on: it may yet succeed.
+            if link.connecting is not None and not link.connecting.done():
+                fresh.connecting = link.connecting
+            looped.links[looped.links.index(link)] = fresh
+            looped.idle.append(fresh)
+            answered.extend(link.batch)
+            self._jobs.done(link.keys)
+            if link.task is not None:
+                looped.running.discard(link.task)
+                looped.abandoned.add(link.task)
+                link.task.cancel()  # psycopg cancels the statement, or closes the connection
+        # Every connection is suspect now: each is replaced before its next batch,
+        # and none is tried for a moment (callers meanwhile hear 503 at once).
+        self._generation += 1
+        self._next_connect = time.monotonic() + RECONNECT_BACKOFF_S
+        for job in [*answered, *self._jobs.waiting()]:
+            job.expired = True
+            if not job.future.done():
+                job.future.set_exception(failure)
+        if self._on_failure is not None:
+            self._on_failure(failure.message)
+        self._dispatch_soon(looped)
 
     def _run(self, link: _Link) -> None:
         try:
@@ -733,17 +845,53 @@ class BatchWriter:
         if link.conn is not None and link.generation < self._generation:
             self._close(link)  # opened before another connection failed fatally
         if link.conn is None:
-            if time.monotonic() < link.next_connect:
+            if time.monotonic() < self._next_connect:
                 raise StoreUnavailable("The store is unreachable; retrying shortly.")
             try:
-                link.conn = self._engine.connect()
+                link.conn = self._connect(link)
             except self._engine.errors as exc:
-                link.next_connect = time.monotonic() + RECONNECT_BACKOFF_S
+                self._next_connect = time.monotonic() + RECONNECT_BACKOFF_S
                 raise StoreUnavailable(f"The store is unreachable: {exc}.") from exc
+            self._next_connect = 0.0  # the store answers: the others may connect at once
             link.generation = self._generation
         return link.conn
 
+    def _connect(self, link: _Link) -> Any:
+        if self._looped is None:
+            return self._engine.connect(self._exclusive)
+        # Made by a task of its own, which a batch that gives up waiting for
+        # it (the watchdog) leaves running for the next batch: with several
+        # hosts, libpq tries them in turn, each for its connect timeout. An
+        # attempt begun for an earlier batch that fails is old news (begun
+        # while the database did not answer, say): a fresh one is tried.
+        inherited = link.connecting
+        link.connecting = None
+        if inherited is not None:
+            if not inherited.done() or (
+                    not inherited.cancelled() and inherited.exception() is None):
+                try:
+                    return self._await_connection(link, inherited)
+                except self._engine.errors:
+                    pass
+        engine = cast(LoopEngine, self._engine)
+        pending = asyncio.ensure_future(engine.open_connection(self._exclusive))
+        pending.add_done_callback(_retrieve)
+        return self._await_connection(link, pending)
+
+    @staticmethod
+    def _await_connection(link: _Link, pending: asyncio.Future[Any]) -> Any:
+        link.connecting = pending
+        try:
+            return wait_for(asyncio.shield(pending))
+        finally:
+            if pending.done():
+                link.connecting = None
+
     def _run_batch(self, link: _Link, batch: list[Job[Any]], keys: set[Key]) -> None:
+        if any(job.expired for job in batch):
+            batch = [job for job in batch if not job.expired]  # answered 503 already
+            if not batch:
+                return
         started = time.perf_counter()
         failed = False
         replayed = False
@@ -777,7 +925,9 @@ class BatchWriter:
             outcomes = [(job, None, failure) for job in batch]
             events = []
             failed = True
-            if self._on_failure is not None:
+            # A change refused for want of replication is no failure to write:
+            # /readyz says so by the replication it reports instead.
+            if self._on_failure is not None and not isinstance(failure, StoreNotReplicated):
                 self._on_failure(failure.message)
         if self.observer is not None:
             try:
@@ -804,7 +954,8 @@ class BatchWriter:
         sorted), run the batch's operations in it, write what they gathered
         and commit. Unless `isolated`, give up (None, the transaction to be
         rolled back) at the first operation that raises."""
-        clock = self._engine.begin(conn, self._exclusive, numbers)
+        changes = not all(job.upkeep for job in batch)
+        clock = self._engine.begin(conn, self._exclusive, numbers, changes)
         if self._hold is not None and not self._hold_at_commit:
             self._held(keys)
         shared = Batch(isolated=isolated)
@@ -845,7 +996,8 @@ class BatchWriter:
         hold = self._hold
         assert hold is not None
         if self._looped is not None:
-            wait_for(asyncio.to_thread(hold, sorted(keys)))
+            # A test's hold is not the database's silence: the watchdog ignores it.
+            wait_for(Unwatched(asyncio.to_thread(hold, sorted(keys))))
         else:
             hold(sorted(keys))
 
@@ -968,6 +1120,13 @@ class BatchWriter:
             except RuntimeError:
                 pass  # that loop is closed; nobody is waiting any more
             events = []  # publish each event once, on the first loop
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """A connection attempt's failure is raised to the batch waiting for it,
+    if any still is; marked as retrieved so that none is reported unheard."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _settle(

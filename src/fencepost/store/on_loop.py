@@ -13,7 +13,8 @@ layer runs its synchronous core over asynchronous drivers the same way).
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable, TypeVar
+import time
+from typing import Any, Awaitable, Callable, Generator, Generic, Protocol, TypeVar
 
 import greenlet  # type: ignore[import-untyped]
 
@@ -24,16 +25,46 @@ class _OnLoop(greenlet.greenlet):  # type: ignore[misc]
     """A greenlet run by `run_on_loop`: only its code may call `wait_for`."""
 
 
-async def run_on_loop(fn: Callable[..., T], *args: Any) -> T:
-    """`fn(*args)`, run here, each `wait_for` inside it awaited on this loop."""
+class Watched(Protocol):
+    """Told when the code run by `run_on_loop` waits for an answer: `since`
+    is the monotonic instant the awaited answer was asked for, None while
+    nothing is awaited (a watchdog gives up on what waits too long)."""
+
+    since: float | None
+
+
+class Unwatched(Generic[T]):
+    """An awaitable that `run_on_loop` waits for without counting the wait
+    against a watchdog (a test's fault-injection hold, say)."""
+
+    __slots__ = ("awaitable",)
+
+    def __init__(self, awaitable: Awaitable[T]) -> None:
+        self.awaitable = awaitable
+
+    def __await__(self) -> Generator[Any, None, T]:
+        return self.awaitable.__await__()
+
+
+async def run_on_loop(fn: Callable[..., T], *args: Any, watch: Watched | None = None) -> T:
+    """`fn(*args)`, run here, each `wait_for` inside it awaited on this loop;
+    `watch.since` says from when an answer is being waited for."""
     child = _OnLoop(fn, parent=greenlet.getcurrent())
     asked = child.switch(*args)
     while not child.dead:
+        if isinstance(asked, Unwatched):
+            asked = asked.awaitable
+        elif watch is not None:
+            watch.since = time.monotonic()
         try:
             answer = await asked
         except BaseException as exc:  # noqa: BLE001 - raised where it waited
+            if watch is not None:
+                watch.since = None
             asked = child.throw(exc)
         else:
+            if watch is not None:
+                watch.since = None
             asked = child.switch(answer)
     return asked  # type: ignore[no-any-return]
 

@@ -30,18 +30,27 @@ import logging
 import re
 from functools import lru_cache
 from typing import Any, Callable, ContextManager, Iterator
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 
 from fencepost.clock import steady_ns, wall_clock_ms
-from fencepost.errors import StoreUnavailable
+from fencepost.errors import StoreNotReplicated, StoreUnavailable
+from fencepost.store import pg_url
 from fencepost.store.base import Freed
 from fencepost.store.batch import Cursor
 from fencepost.store.migrate import apply_migrations
 from fencepost.store.on_loop import wait_for
 from fencepost.store.sql.replicas import DatabaseSessions
 from fencepost.store.sql_store import DEFAULT_READERS, SqlStore
+from fencepost.store.standing import (
+    STANDING_SQL,
+    SYNC_COMMIT_LEVELS,
+    Replication,
+    Standing,
+    floor_for,
+    floor_tokens,
+    standing_of,
+)
 
 _log = logging.getLogger(__name__)
 
@@ -55,10 +64,15 @@ TOKEN_SEQUENCE = "fencing_tokens"
 # The sequence tickets in a lock's line are drawn from (migration 0014).
 TICKET_SEQUENCE = "lock_tickets"
 CONNECT_TIMEOUT_S = 2
-# Nothing may wait on the database for long: a stuck statement fails the batch (503).
-SESSION_OPTIONS = (
-    "-c statement_timeout=5000 -c lock_timeout=5000 -c idle_in_transaction_session_timeout=15000"
-)
+# How long a request may wait for a database that stopped answering before it
+# is answered 503 (SPEC §6, `--store-timeout`).
+DEFAULT_STORE_TIMEOUT_S = 2.0
+# A new connection's own statements (its standing, the token floor) get this
+# long; a commit waiting for a synchronous standby that is gone would wait
+# for ever, and statement_timeout does not end that wait.
+ARRIVAL_BOUND_S = 10.0
+# How often a running store reads its standing again (SPEC §6: every 10 s).
+STANDING_EVERY_S = 10.0
 # SQLSTATE classes that say the database cannot take the batch now: connection
 # exceptions, insufficient resources (disk full, out of memory), operator
 # intervention (shutting down, recovering), system errors (I/O), internal
@@ -68,23 +82,31 @@ SESSION_OPTIONS = (
 _UNUSABLE_CLASSES = {"08", "53", "57", "58", "XX"}
 _READ_ONLY_TRANSACTION = "25006"
 _CLOCK = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+# With --require-sync-replication, each write batch reads beside the clock
+# whether its commit will wait for a synchronous standby.
+_SYNC = (
+    ", current_setting('synchronous_standby_names') <> '' AND "
+    "current_setting('synchronous_commit') IN ("
+    + ", ".join(f"'{level}'" for level in SYNC_COMMIT_LEVELS) + ")"
+)
 _BEGIN_READ = f"BEGIN READ ONLY; {_CLOCK}"
-_BEGIN_UNKEYED = f"BEGIN; {_CLOCK}"
 _NOTIFY_EACH = "SELECT pg_notify(%s, payload) FROM json_array_elements_text(%s::json) AS payload"
 
 
-def _begin_write(keys: list[int]) -> str:
+def _begin_write(keys: list[int], sync: bool = False) -> str:
     """BEGIN, then each key's advisory lock in the order given (sorted, so no
-    two batches wait for each other in a cycle), then the clock, in one round
+    two batches wait for each other in a cycle), then the clock (and, if
+    `sync`, whether commits wait for a synchronous standby), in one round
     trip: without parameters psycopg sends the simple protocol, which carries
     several statements. The keys are integers of ours, not input text."""
+    read = f"{_CLOCK}{_SYNC if sync else ''}"
     if not keys:
-        return _BEGIN_UNKEYED
+        return f"BEGIN; {read}"
     # unnest yields the array in order, and the aggregate takes the locks row
     # by row in that order.
     listed = ",".join(str(int(key)) for key in keys)
     return (
-        f"BEGIN; {_CLOCK} FROM (SELECT count(pg_advisory_xact_lock(k)) "
+        f"BEGIN; {read} FROM (SELECT count(pg_advisory_xact_lock(k)) "
         f"FROM unnest('{{{listed}}}'::bigint[]) AS k) AS held"
     )
 
@@ -101,12 +123,6 @@ def _placeholders(sql: str) -> str:
     # at 2.5 times the CPU of the binary form (measured: 52 against 20 µs for
     # four arrays of fourteen).
     return _ARRAY_PARAMETER.sub("%b", sql).replace("?", "%s")
-
-
-def libpq_url(url: str) -> str:
-    """postgres:// and postgresql:// both name the same thing to libpq."""
-    parts = urlsplit(url)
-    return urlunsplit(("postgresql", *parts[1:]))
 
 
 class _Connection(psycopg.AsyncConnection[Any]):
@@ -198,37 +214,124 @@ class PostgresEngine:
     on_loop = True  # round trips awaited on the event loop (store/on_loop.py)
 
     def __init__(
-        self, url: str, clock_ms: Callable[[], int] | None, application_name: str
+        self, url: str, clock_ms: Callable[[], int] | None, application_name: str,
+        timeout_s: float = DEFAULT_STORE_TIMEOUT_S, require_sync: bool = False,
     ) -> None:
-        self.url = libpq_url(url)
+        self.url = pg_url.conninfo(url)
         self.clock_ms = clock_ms
         self.application_name = application_name  # names the replica (sql/replicas.py)
+        # The batch writers answer 503 after this long without an answer
+        # (batch.py's watchdog); the database ends what they gave up on.
+        self.timeout_s = timeout_s
+        statement_ms = max(5_000, int(timeout_s * 1000) + 3_000)
+        self.session_options = (
+            f"-c statement_timeout={statement_ms} -c lock_timeout={statement_ms} "
+            f"-c idle_in_transaction_session_timeout={max(15_000, 3 * statement_ms)}"
+        )
+        self.require_sync = require_sync
         # The database clock as last read, and the local steady instant of
         # that reading: between batches, time runs on by the steady clock, so
         # a step of this machine's wall clock moves nothing. One tuple,
         # replaced whole, as the writer and the readers each set it.
         self.seen: tuple[int, int] = (wall_clock_ms(), steady_ns())
+        # Where the store stands (store/standing.py), as last read by any
+        # connection; None until the first connection.
+        self.standing: Standing | None = None
+        # The highest fencing-token sequence value this process has read on
+        # any database: a floor on a new one starts above it.
+        self.high_water = 0
+        self.new_databases = 0  # databases this process floored as new
 
-    def connect(self) -> _Connection:
-        conn = wait_for(_Connection.connect(
-            self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S, options=SESSION_OPTIONS,
-            application_name=self.application_name,
-        ))
+    def connect(self, writes: bool = True) -> _Connection:
+        return wait_for(self.open_connection(writes))
+
+    async def open_connection(self, writes: bool = True) -> _Connection:
+        """A connection to the primary, its standing read and, for a writer,
+        the fencing tokens floored (store/standing.py), before anything else
+        runs on it."""
+        conn = await _Connection.connect(
+            self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
+            options=self.session_options, application_name=self.application_name,
+        )
+        try:
+            async with asyncio.timeout(ARRIVAL_BOUND_S):
+                await self._arrive(conn, writes)
+        except TimeoutError:
+            await conn.close()
+            raise psycopg.OperationalError(
+                f"the database did not finish a new connection's set-up within "
+                f"{ARRIVAL_BOUND_S:g} s") from None
+        except BaseException:
+            await conn.close()
+            raise
         conn.statements = _Answered(conn.cursor())
         conn.pipe = None
         return conn
 
+    async def _arrive(self, conn: _Connection, writes: bool) -> None:
+        async def execute(sql: str, params: tuple[Any, ...] | None) -> list[tuple[Any, ...]]:
+            cursor = await conn.execute(sql, params)
+            return await cursor.fetchall() if cursor.description is not None else []
+
+        (row,) = await execute(STANDING_SQL, None)
+        standing = standing_of(row)
+        if standing.standby:
+            # libpq's target_session_attrs=read-write avoids this with several
+            # hosts; a single host that is a standby (demoted, or named by
+            # mistake) must not be read from either: it may lag the primary.
+            raise psycopg.OperationalError(
+                "the database is a standby (in recovery): fencepost reads and writes only "
+                "on the primary"
+            )
+        self.saw(standing)
+        if not writes:
+            return
+        floor, new = floor_for(standing, self.high_water)
+        if standing.recorded == standing.identity and standing.sequence >= floor:
+            return  # floored already: nothing to write
+        value, new = await floor_tokens(execute, standing, self.high_water)
+        self.high_water = max(self.high_water, value)
+        if new:
+            self.new_databases += 1
+            _log.warning(
+                "the store is a database fencepost did not last write to (%s, was %s): a "
+                "promoted standby or a restored copy; fencing tokens now continue above %d",
+                standing.identity, standing.recorded, value,
+            )
+
+    def saw(self, standing: Standing) -> None:
+        """Take a standing read on any connection as the store's latest."""
+        before = self.standing
+        self.standing = standing
+        self.high_water = max(self.high_water, standing.sequence)
+        if before is None or before.replication.mode != standing.replication.mode:
+            _report_replication(standing.replication, before is None)
+
+    @property
+    def replication(self) -> Replication | None:
+        standing = self.standing
+        return None if standing is None else standing.replication
+
     def close(self, conn: _Connection) -> None:
         wait_for(conn.close())
 
-    def begin(self, conn: _Connection, exclusive: bool, keys: list[int]) -> Callable[[], int]:
-        cur = conn.statements.execute(_begin_write(keys) if exclusive else _BEGIN_READ)
+    def begin(
+        self, conn: _Connection, exclusive: bool, keys: list[int], changes: bool = True
+    ) -> Callable[[], int]:
+        sync = exclusive and changes and self.require_sync
+        cur = conn.statements.execute(_begin_write(keys, sync) if exclusive else _BEGIN_READ)
         cur.nextset()  # past BEGIN's result to the clock's
         row = cur.fetchone()
         assert row is not None
-        (clock,) = row
-        db_ms, started = int(clock), steady_ns()
+        db_ms, started = int(row[0]), steady_ns()
         self.seen = (db_ms, started)
+        if sync and not row[1]:
+            # Read before any operation ran: nothing is written (the writer
+            # rolls the transaction back).
+            raise StoreNotReplicated(
+                "No synchronous standby confirms commits now (--require-sync-replication); "
+                "nothing was changed."
+            )
         if self.clock_ms is not None:  # a test drives time
             return self.clock_ms
         return lambda: db_ms + (steady_ns() - started) // 1_000_000
@@ -292,6 +395,25 @@ def _decode(payload: str) -> Freed | None:
         return None
 
 
+def _read_standing(tx: Any) -> Standing:
+    return standing_of(tuple(tx.execute(STANDING_SQL).fetchone()))
+
+
+def _report_replication(replication: Replication, first: bool) -> None:
+    """Say in the log what confirms commits: at start-up, and on each change."""
+    mode = replication.mode.value
+    standbys = replication.standbys
+    if mode == "async":
+        _log.warning(
+            "store replication: async (%d standbys attached asynchronously): a failover may "
+            "lose acknowledged changes; fencing tokens never repeat (operations guide: High "
+            "availability)", standbys)
+    elif first or mode == "sync":
+        _log.info("store replication: %s (%d standbys attached)", mode, standbys)
+    else:
+        _log.warning("store replication: %s now (%d standbys attached)", mode, standbys)
+
+
 class _Listener:
     """A task on the event loop, with a connection of its own, LISTENing for
     other replicas' events. It runs on the loop rather than on a thread so
@@ -346,17 +468,23 @@ class PostgresStore(SqlStore):
     def __init__(
         self, url: str, clock_ms: Callable[[], int] | None = None,
         readers: int = DEFAULT_READERS, writers: int = WRITER_CONNECTIONS,
+        timeout_s: float = DEFAULT_STORE_TIMEOUT_S, require_sync: bool = False,
     ) -> None:
         self.url = url
         sessions = DatabaseSessions()
-        self._engine = PostgresEngine(url, clock_ms, sessions.application_name)
+        self._engine = PostgresEngine(
+            url, clock_ms, sessions.application_name, timeout_s, require_sync
+        )
         self._listener: _Listener | None = None
+        self._watcher: asyncio.Task[None] | None = None
         super().__init__(self._engine, sessions, readers, writers)
 
     async def open(self) -> None:
-        yoyo_url = urlunsplit(("postgresql+psycopg", *urlsplit(self.url)[1:]))
         try:
-            await asyncio.to_thread(apply_migrations, yoyo_url, "postgresql")
+            await self._refuse_a_standby()
+            await asyncio.to_thread(
+                apply_migrations, pg_url.migration_url(self.url), "postgresql"
+            )
             await self._start()
         except psycopg.Error as exc:
             raise StoreUnavailable(f"Cannot open the PostgreSQL store: {exc}.") from exc
@@ -366,12 +494,61 @@ class PostgresStore(SqlStore):
 
         self._listener = _Listener(self._engine.url, self._engine.application_name, deliver)
         self._listener.start()
+        self._watcher = asyncio.get_running_loop().create_task(self._watch_standing())
 
     async def close(self) -> None:
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
         if self._listener is not None:
             await self._listener.stop()
             self._listener = None
         await super().close()
+
+    async def _refuse_a_standby(self) -> None:
+        """Before migrating: a standby named alone (or every host a standby)
+        refuses writes, and its answers may lag the primary's."""
+        async with await psycopg.AsyncConnection.connect(
+            self._engine.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
+        ) as conn:
+            row = await (await conn.execute("SELECT pg_is_in_recovery()")).fetchone()
+        if row is not None and row[0]:
+            raise StoreUnavailable(
+                "Cannot open the PostgreSQL store: the database is a standby (in recovery); "
+                "name the primary, or every host with target_session_attrs=read-write."
+            )
+
+    async def _watch_standing(self) -> None:
+        """Read the store's standing every STANDING_EVERY_S (SPEC §6): the
+        replication reported in /readyz and /metrics, and the token sequence's
+        value, the high-water mark a floor on a new database starts above."""
+        while True:
+            await asyncio.sleep(STANDING_EVERY_S)
+            try:
+                standing = await self._read(_read_standing)
+            except Exception as exc:  # noqa: BLE001 - an outage shows in /readyz already
+                _log.debug("standing not read: %s", exc)
+                continue
+            self._engine.saw(standing)
+
+    def replication(self) -> Replication | None:
+        return self._engine.replication
+
+    async def check_ready(self) -> None:
+        replication = self._engine.replication
+        if self._engine.require_sync and (replication is None or replication.mode != "sync"):
+            mode = "unknown" if replication is None else replication.mode.value
+            raise StoreNotReplicated(
+                f"No synchronous standby confirms commits (replication: {mode}); changes are "
+                f"refused (--require-sync-replication)."
+            )
+        await super().check_ready()
+
+    @property
+    def new_databases(self) -> int:
+        return self._engine.new_databases
 
     async def now_ms(self) -> int:
         """The database's clock as last seen, advanced by the monotonic clock,

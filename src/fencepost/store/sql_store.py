@@ -61,6 +61,7 @@ from fencepost.store.sql import (
 )
 from fencepost.store.sql.known_leases import KnownLeases
 from fencepost.store.sql.replicas import Liveness, Place
+from fencepost.store.standing import Replication
 
 T = TypeVar("T")
 
@@ -136,10 +137,12 @@ class SqlStore:
         await self._writer.open()
         for reader in self._readers:
             await reader.open()
-        self._pepper = (await self._writer.run(keys.load_pepper, _KEY_MANAGEMENT)).encode()
+        self._pepper = (
+            await self._writer.run(keys.load_pepper, _KEY_MANAGEMENT, upkeep=True)
+        ).encode()
         # This replica's own row, and the sequence or counter in one statement.
-        await self._writer.run(self._liveness.register, NO_KEYS)
-        await self._writer.run(fencing.floor_at_clock, NO_KEYS)
+        await self._writer.run(self._liveness.register, NO_KEYS, upkeep=True)
+        await self._writer.run(fencing.floor_at_clock, NO_KEYS, upkeep=True)
 
     def _place(self, alive_ms: int) -> Place:
         return Place(self._liveness.replica, alive_ms)
@@ -164,6 +167,9 @@ class SqlStore:
         if failure is not None:
             raise StoreUnavailable(f"The last write failed: {failure}")
         await self.ping()
+
+    def replication(self) -> Replication | None:
+        return None  # an SQLite file replicates nothing (PostgresStore reads its database's)
 
     def add_freed_listener(self, listener: FreedListener) -> None:
         self._listeners.append(listener)
@@ -197,7 +203,7 @@ class SqlStore:
     # --- projects and keys -------------------------------------------------
     async def bootstrap(self, secret: str | None) -> str | None:
         return await self._writer.run(
-            lambda tx: keys.bootstrap(tx, self._pepper, secret), _KEY_MANAGEMENT
+            lambda tx: keys.bootstrap(tx, self._pepper, secret), _KEY_MANAGEMENT, upkeep=True
         )
 
     async def create_project(self, name: str) -> str:
@@ -233,8 +239,10 @@ class SqlStore:
         return await self._read(lambda tx: keys.find_key(tx, wanted))
 
     async def admit_request(self, key_id: str, per_minute: int) -> int | None:
+        # Upkeep: a quota counts reads too, which no want of replication refuses.
         return await self._writer.run(
-            lambda tx: keys.admit_request(tx, key_id, per_minute), _quota_of(key_id)
+            lambda tx: keys.admit_request(tx, key_id, per_minute), _quota_of(key_id),
+            upkeep=True,
         )
 
     # --- locks ---------------------------------------------------------------
@@ -287,12 +295,12 @@ class SqlStore:
         # Tickets are unique across locks (a set's one ticket names its places
         # in every line), so the ticket alone says which places to give up.
         await self._writer.run(
-            lambda tx: locks.leave_line(tx, ticket), locks.key_of(project, key)
+            lambda tx: locks.leave_line(tx, ticket), locks.key_of(project, key), upkeep=True
         )
 
     async def leave_set_line(self, project: str, keys: list[str], ticket: int) -> None:
         await self._writer.run(
-            lambda tx: locks.leave_line(tx, ticket), locks.keys_of(project, keys)
+            lambda tx: locks.leave_line(tx, ticket), locks.keys_of(project, keys), upkeep=True
         )
 
     async def renew_lock(self, project: str, key: str, lock_token: str, ttl_seconds: int) -> Lease:
@@ -398,7 +406,8 @@ class SqlStore:
 
     async def leave_slot_line(self, project: str, pool: str, ticket: int) -> None:
         await self._writer.run(
-            lambda tx: pools.leave_line(tx, project, pool, ticket), pools.key_of(project, pool)
+            lambda tx: pools.leave_line(tx, project, pool, ticket), pools.key_of(project, pool),
+            upkeep=True,
         )
 
     async def renew_slot(self, project: str, pool: str, slot_id: str) -> Slot:
@@ -504,7 +513,8 @@ class SqlStore:
         # Ahead of the operations waiting on those lines: behind a backlog
         # (10,000 waiters joining at once) places would run out first.
         return await self._writer.run(
-            lambda tx: lines.keep(tx, waiting, alive_ms), lines.keys(waiting), ahead=True
+            lambda tx: lines.keep(tx, waiting, alive_ms), lines.keys(waiting), ahead=True,
+            upkeep=True,
         )
 
     async def reap(self) -> int:
@@ -549,7 +559,7 @@ class SqlStore:
             return leases + slots, more
 
         # No keys declared: the reaper claims what it ends (see sql/bounded.py).
-        reaped, more = await self._writer.run(op, NO_KEYS)
+        reaped, more = await self._writer.run(op, NO_KEYS, upkeep=True)
         if probed is not None:  # it committed: writes work (again)
             self.health.succeeded(probed)
         return reaped, more

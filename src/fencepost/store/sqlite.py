@@ -95,7 +95,8 @@ class SqliteEngine:
     def close(self, conn: sqlite3.Connection) -> None:
         conn.close()
 
-    def connect(self) -> sqlite3.Connection:
+    def connect(self, writes: bool = True) -> sqlite3.Connection:
+        # A reader's connection is the same: its transactions are read-only.
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
         # NORMAL: a commit writes the WAL without waiting for the disk, and
@@ -112,7 +113,7 @@ class SqliteEngine:
         return conn
 
     def begin(
-        self, conn: sqlite3.Connection, exclusive: bool, keys: list[int]
+        self, conn: sqlite3.Connection, exclusive: bool, keys: list[int], changes: bool = True
     ) -> Callable[[], int]:
         # IMMEDIATE takes the write lock now, so a `fencepost project create`
         # in another process waits instead of failing mid-batch. Readers take a

@@ -109,6 +109,18 @@ class JobLines:
         self._held |= keys
         return batch, keys
 
+    def waiting(self) -> list[Job[Any]]:
+        """Every job not yet taken into a batch (for the watchdog: rare, and
+        a walk over all of them)."""
+        with self._changed:
+            seen: dict[int, Job[Any]] = {}
+            for line in self._lines.values():
+                for job in line:
+                    seen.setdefault(id(job), job)
+            for _, job in self._ready:
+                seen.setdefault(id(job), job)
+            return [job for job in seen.values() if not job.taken]
+
     def done(self, keys: set[Key]) -> None:
         with self._changed:
             self._held -= keys

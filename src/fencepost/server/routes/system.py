@@ -43,8 +43,14 @@ async def readyz(call: Call[None]) -> Response:
         return error_response(error)
     except Exception as exc:  # noqa: BLE001 - any store failure means not ready
         return error_response(StoreUnavailable(f"The store is not answering: {exc}."))
+    replication = store.replication()
+    shown = None if replication is None else schemas.StoreReplication(
+        mode=replication.mode.value, standbys=replication.standbys
+    )
     return json_response(
-        200, schemas.Health(status="ok", store=store.url_scheme, version=__version__),
+        200, schemas.Health(
+            status="ok", store=store.url_scheme, version=__version__, replication=shown
+        ),
         _which_worker(call),
     )
 
@@ -75,4 +81,6 @@ async def metrics(call: Call[None]) -> Response:
         census = await svc.store.census()
     except Exception:  # noqa: BLE001 - a store outage is a metric, not a failed scrape
         census = None
-    return Response(svc.metrics.exposition(census), media_type=CONTENT_TYPE)
+    return Response(
+        svc.metrics.exposition(census, svc.store.replication()), media_type=CONTENT_TYPE
+    )

@@ -1,0 +1,243 @@
+"""Failover to a standby that was behind (SPEC §6 "Highly available
+PostgreSQL", §7.9): no fencing token is issued twice or at or below one
+already answered for that lock, whether fencepost reconnects by itself or is
+restarted on the promoted standby.
+
+A primary and an asynchronous standby of the test's own (tests/pg_private.py),
+the standby streaming through a relay that the test holds, so that the
+standby is really behind (the primary goes on committing grants the standby
+never receives) when the primary is killed and the standby promoted. The
+standby's clock runs 30 minutes behind the primary's (libfaketime): the
+token floor of a reconnection must not rest on the two clocks agreeing.
+
+Expiry is judged by the database's clock (SPEC §2), so on the promoted
+standby a lease whose release it never received stays live for the clocks'
+difference as well as its TTL: after the failover the load takes fresh
+locks. Every lock draws from one token sequence, so a token issued again
+shows as a token granted twice on any two locks.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+from grants import LockLoad
+from pg_private import PrivatePostgres, Relay, private_root
+
+from support import ServerProcess, faketime_library, lock_headers, new_token, wait_until
+
+
+class Pair:
+    def __init__(self, root: Path, standby_clock: str | None = None) -> None:
+        self.primary = PrivatePostgres(root / "primary")
+        self.primary.start()
+        self.relay = Relay(self.primary.port)
+        self.standby = PrivatePostgres(root / "standby", standby_of=self.primary)
+        # The standby streams through the relay, not straight from the primary.
+        with open(self.standby.data / "postgresql.auto.conf", "a") as conf:
+            conf.write(f"primary_conninfo = 'host=127.0.0.1 port={self.relay.port} "
+                       f"user=postgres application_name=standby'\n")
+        self.standby_env = {}
+        if standby_clock is not None:
+            self.standby_env = {"LD_PRELOAD": faketime_library(multithreaded=True),
+                                "FAKETIME": standby_clock, "FAKETIME_DONT_RESET": "1"}
+        self.standby.start(env=self.standby_env)
+        wait_until(lambda: self.primary.sql(
+            "SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'")[0][0] == 1,
+            "the standby streams", timeout=30)
+
+    @property
+    def url(self) -> str:
+        """libpq's multi-host form: the primary first, the standby second
+        (target_session_attrs=read-write is fencepost's default with several)."""
+        return (f"postgresql://postgres@127.0.0.1:{self.primary.port},"
+                f"127.0.0.1:{self.standby.port}/postgres")
+
+    def fail_over(self) -> None:
+        """The primary dies with what the standby has not received; the standby
+        is promoted (what Patroni or pg_auto_failover would do)."""
+        self.primary.kill9()
+        self.relay.cut()
+        self.standby.promote()
+
+    def stop(self) -> None:
+        self.relay.cut()
+        self.primary.stop()
+        self.standby.stop()
+
+
+@pytest.fixture
+def pair() -> Iterator[Pair]:
+    with private_root() as root:
+        made = Pair(root, standby_clock="-30m")
+        try:
+            yield made
+        finally:
+            made.stop()
+
+
+def _servers(tmp_path: Path, url: str, names: tuple[str, ...]) -> list[ServerProcess]:
+    return [ServerProcess(tmp_path / name, store=url, extra_args=["--store-timeout", "2"]).start()
+            for name in names]
+
+
+def _lagged_failover(pair: Pair, load: LockLoad) -> float:
+    """Run the load, hold the standby back while grants go on, fail over;
+    return when the standby was promoted."""
+    load.start()
+    load.wait_for_grants(50, after=0, timeout_s=30)
+    pair.relay.hold()
+    held_at = time.monotonic()
+    load.wait_for_grants(300, after=held_at, timeout_s=60)  # none of these reach the standby
+    pair.fail_over()
+    load.switch_keys([f"{key}-after" for key in load.keys])
+    return time.monotonic()
+
+
+def test_failover_to_a_lagging_standby_reissues_no_token(pair: Pair, tmp_path: Path) -> None:
+    servers = _servers(tmp_path, pair.url, ("a", "b"))
+    load = LockLoad(servers, [f"failover-{i}" for i in range(8)], workers=6)
+    try:
+        promoted = _lagged_failover(pair, load)
+        # Service resumes without a restart, on the promoted standby.
+        load.wait_for_grants(200, after=promoted + 0.5, timeout_s=60)
+    finally:
+        load.stop()
+        for server in servers:
+            server.stop()
+    assert pair.relay.dropped > 64 * 1024, "the standby was not behind"
+    violations = load.violations(exclusive=False)
+    assert not violations, violations[:10]
+    assert not load.transport_errors, load.transport_errors[:5]
+    # The servers said what happened: a database they did not last write to.
+    said = "".join(server.stderr_path.read_text() for server in servers)
+    assert "did not last write to" in said, said[-3000:]
+    print(f"\nfailover: {len(load.grants)} grants, statuses {dict(load.statuses)}, "
+          f"errors {dict(load.errors)}, slowest request {load.slowest_s:.2f} s, "
+          f"standby missed {pair.relay.dropped} bytes")
+
+
+def test_restart_on_the_promoted_standby_reissues_no_token(pair: Pair, tmp_path: Path) -> None:
+    servers = _servers(tmp_path, pair.url, ("a",))
+    load = LockLoad(servers, [f"restart-{i}" for i in range(4)], workers=4)
+    try:
+        _lagged_failover(pair, load)
+        load.stop()
+        before = list(load.grants)
+        servers[0].stop()
+        # A new process, which never read the old primary, on the promoted standby
+        # (its clock 30 minutes behind the old primary's).
+        servers = _servers(tmp_path, pair.url, ("b",))
+        after = LockLoad(servers, [f"restart-{i}-again" for i in range(4)], workers=4)
+        after.grants = before
+        after.start()
+        after.wait_for_grants(100, after=time.monotonic(), timeout_s=60)
+        after.stop()
+    finally:
+        for server in servers:
+            server.stop()
+    violations = after.violations(exclusive=False)
+    assert not violations, violations[:10]
+
+
+def test_paused_database_answers_503_within_the_store_timeout(pair: Pair,
+                                                             tmp_path: Path) -> None:
+    (server,) = _servers(tmp_path, pair.url, ("a",))
+    try:
+        with server.client(timeout=30) as client:
+            token = new_token()
+            assert client.put("/v1/locks/paused/lease", headers=lock_headers(token),
+                              json={"ttl_seconds": 60}).status_code == 201
+            pair.primary.pause()
+            try:
+                started = time.monotonic()
+                resp = client.put("/v1/locks/other/lease", headers=lock_headers(new_token()),
+                                  json={"ttl_seconds": 60})
+                took = time.monotonic() - started
+                assert resp.status_code == 503, resp.text
+                assert resp.json()["error"]["code"] == "store_unavailable"
+                # --store-timeout 2, checked every 0.1 s; the slack is for a loaded machine.
+                assert took < 2 + 1.5, f"answered after {took:.1f} s"
+                ready = client.get("/readyz")
+                assert ready.status_code == 503, ready.text
+                # A renewal of the lease held before the pause: unknown outcome, 503.
+                renewed = client.patch("/v1/locks/paused/lease", headers=lock_headers(token),
+                                       json={"ttl_seconds": 60})
+                assert renewed.status_code == 503
+                # /livez never asks the store.
+                assert client.get("/livez").status_code == 200
+            finally:
+                pair.primary.resume()
+            # Service resumes by itself: the renewal, retried with the same token as a
+            # client does after a 503, works, and the lock is still this token's
+            # (nothing was lost or granted twice).
+            wait_until(lambda: client.patch(
+                "/v1/locks/paused/lease", headers=lock_headers(token),
+                json={"ttl_seconds": 60}).status_code == 200, "the renewal", timeout=30)
+            wait_until(lambda: client.get("/readyz").status_code == 200, "ready again",
+                       timeout=30)
+            taken = client.put("/v1/locks/paused/lease", headers=lock_headers(new_token()),
+                               json={"ttl_seconds": 60})
+            assert taken.status_code == 409
+    finally:
+        server.stop()
+
+
+def test_readyz_and_metrics_report_the_replication(pair: Pair, tmp_path: Path) -> None:
+    (server,) = _servers(tmp_path, pair.url, ("a",))
+    try:
+        ready = httpx.get(f"{server.base_url}/readyz", timeout=10).json()
+        assert ready["replication"] == {"mode": "async", "standbys": 1}
+        scraped = httpx.get(f"{server.base_url}/metrics", timeout=10).text
+        assert 'fencepost_store_replication{mode="async"} 1.0' in scraped
+        assert 'fencepost_store_replication{mode="sync"} 0.0' in scraped
+        assert "fencepost_store_standbys 1.0" in scraped
+        said = server.stderr_path.read_text()
+        assert "store replication: async (1 standbys attached asynchronously)" in said, said
+    finally:
+        server.stop()
+
+
+def test_require_sync_replication_refuses_changes_until_a_standby_confirms(
+        pair: Pair, tmp_path: Path) -> None:
+    server = ServerProcess(tmp_path / "a", store=pair.url,
+                           extra_args=["--require-sync-replication"])
+    server.spawn()  # it serves, but is not ready: /readyz is 503 until a standby confirms
+    try:
+        wait_until(lambda: server.announced(), "serving", timeout=30)
+        with server.client(timeout=30) as client:
+            token = new_token()
+            refused = client.put("/v1/locks/sync/lease", headers=lock_headers(token),
+                                 json={"ttl_seconds": 60})
+            assert refused.status_code == 503, refused.text
+            assert refused.json()["error"]["code"] == "store_not_replicated"
+            assert client.get("/v1/locks/sync").json()["held"] is False  # nothing changed
+            ready = client.get("/readyz")
+            assert ready.status_code == 503
+            assert ready.json()["error"]["code"] == "store_not_replicated"
+            # The standby becomes synchronous: commits now wait for it.
+            pair.primary.sql("ALTER SYSTEM SET synchronous_standby_names = 'standby'")
+            pair.primary.sql("SELECT pg_reload_conf()")
+            wait_until(lambda: client.put(
+                "/v1/locks/sync/lease", headers=lock_headers(token),
+                json={"ttl_seconds": 60}).status_code in (200, 201),
+                "a change accepted with a synchronous standby", timeout=30)
+            wait_until(lambda: client.get("/readyz").status_code == 200, "ready", timeout=30)
+            assert client.get("/readyz").json()["replication"]["mode"] == "sync"
+    finally:
+        server.stop()
+
+
+def test_a_standby_alone_is_never_used(pair: Pair, tmp_path: Path) -> None:
+    server = ServerProcess(
+        tmp_path / "a", store=f"postgresql://postgres@127.0.0.1:{pair.standby.port}/postgres")
+    server.spawn()
+    assert server.proc is not None
+    code = server.proc.wait(timeout=60)
+    assert code != 0
+    said = server.stderr_path.read_text()
+    assert "standby" in said, said
