@@ -165,3 +165,94 @@ class LockLoad:
                 if later.answered < end:
                     found.append(f"{key}: {later.token} granted while {earlier.token} was held")
         return found
+
+
+@dataclass
+class Slot:
+    slot_id: str
+    sent: float
+    answered: float
+    released: float | None = None
+    forgotten: bool = False
+
+
+@dataclass
+class SlotLoad:
+    """Workers taking slots of one pool (fail fast), holding them briefly and
+    releasing them; `violations` checks the pool's bound (SPEC §7.5) against
+    every acknowledged slot."""
+
+    servers: list[ServerProcess]
+    pool: str
+    limit: int
+    workers: int = 4
+    hold_s: float = 0.02
+    client_timeout_s: float = 30.0
+    slots: list[Slot] = field(default_factory=list)
+    statuses: Counter[int] = field(default_factory=Counter)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _threads: list[threading.Thread] = field(default_factory=list)
+
+    def start(self) -> None:
+        with self.servers[0].client(timeout=self.client_timeout_s) as admin:
+            made = admin.put(f"/v1/pools/{self.pool}", json={"limit": self.limit})
+            assert made.status_code in (200, 201), made.text
+        for index in range(self.workers):
+            thread = threading.Thread(target=self._work, args=(index,), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=self.client_timeout_s + 10)
+        assert not any(thread.is_alive() for thread in self._threads), "a worker hung"
+
+    def _post(self, client: httpx.Client, url: str) -> httpx.Response | None:
+        try:
+            resp = client.post(url)
+        except httpx.HTTPError:
+            return None
+        with self._lock:
+            self.statuses[resp.status_code] += 1
+        return resp
+
+    def _work(self, index: int) -> None:
+        server = self.servers[index % len(self.servers)]
+        with server.client(timeout=self.client_timeout_s) as client:
+            while not self._stop.is_set():
+                sent = time.monotonic()
+                resp = self._post(client, f"/v1/pools/{self.pool}/lock/acquire")
+                if resp is None or resp.status_code != 200:
+                    time.sleep(0.02)
+                    continue
+                slot = Slot(resp.json()["slot_id"], sent, time.monotonic())
+                with self._lock:
+                    self.slots.append(slot)
+                time.sleep(self.hold_s)
+                slot.released = time.monotonic()
+                for _ in range(200):
+                    done = self._post(client, f"/v1/pools/{self.pool}/lock/{slot.slot_id}/release")
+                    if done is not None and done.status_code == 200:
+                        slot.forgotten = not done.json()["released"]
+                        break
+                    if self._stop.is_set():
+                        break
+                    time.sleep(0.05)
+
+    def violations(self) -> list[str]:
+        """More acknowledged slots held at once than the limit, and slots the
+        store forgot (released: false for a slot its holder still held)."""
+        found = [f"slot {slot.slot_id[:12]} forgotten" for slot in self.slots if slot.forgotten]
+        edges: list[tuple[float, int]] = []
+        for slot in self.slots:
+            edges.append((slot.answered, 1))
+            edges.append((slot.released if slot.released is not None else float("inf"), -1))
+        held = 0
+        for _, change in sorted(edges, key=lambda edge: (edge[0], edge[1])):
+            held += change
+            if held > self.limit:
+                found.append(f"{held} slots held at once, limit {self.limit}")
+                break
+        return found

@@ -86,3 +86,25 @@ def test_the_image_builds_where_a_container_engine_answers() -> None:
     out = subprocess.run([docker, "build", "-f", "deploy/Dockerfile", "-t", "fencepost:test", "."],
                          capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+
+
+def test_the_patroni_example_passes_patronis_validator(tmp_path: Path) -> None:
+    """deploy/patroni/patroni.yml, checked by `patroni --validate-config` (Debian's
+    patroni). The validator also checks that the listen port is free on this
+    machine, whose own PostgreSQL holds 5432: the copy checked listens elsewhere."""
+    import yaml
+
+    from support import free_port
+
+    config = yaml.safe_load((DEPLOY / "patroni" / "patroni.yml").read_text())
+    bootstrap = config["bootstrap"]["dcs"]
+    assert bootstrap["synchronous_mode"] is True  # what the operations guide recommends
+    text = (DEPLOY / "patroni" / "patroni.yml").read_text()
+    checked = tmp_path / "patroni.yml"
+    checked.write_text(text.replace("listen: 0.0.0.0:5432", f"listen: 0.0.0.0:{free_port()}"))
+    out = run(tool("patroni"), "--validate-config", str(checked))
+    assert out.returncode == 0, out.stdout + out.stderr
+    # A broken copy is refused, so the check above can fail.
+    broken = tmp_path / "broken.yml"
+    broken.write_text(checked.read_text().replace("etcd3:", "etcd_three:"))
+    assert run(tool("patroni"), "--validate-config", str(broken)).returncode != 0

@@ -19,13 +19,13 @@ def wire_trace(store: Any) -> Iterator[list[str]]:
     traced: dict[int, tuple[Any, str]] = {}
     lines: list[str] = []
 
-    def begin(conn: Any, exclusive: bool, keys: list[int]) -> Any:
+    def begin(conn: Any, exclusive: bool, keys: list[int], changes: bool = True) -> Any:
         if exclusive and id(conn) not in traced:
             fd, path = tempfile.mkstemp(prefix="fencepost-trace-")
             conn.pgconn.trace(fd)
             conn.pgconn.set_trace_flags(_flags())
             traced[id(conn)] = (conn, path)
-        return inner(conn, exclusive, keys)
+        return inner(conn, exclusive, keys, changes)
 
     engine.begin = begin
     try:

@@ -15,6 +15,7 @@ from typing import Any, ParamSpec, TypeVar
 import click
 
 from fencepost.cli.exitcodes import ExitCode, exit_code_for
+from fencepost.cli.params import Seconds
 from fencepost.client import AsyncClient
 from fencepost.client.transport import DEFAULT_URL, OnRenewed, check_url
 from fencepost.errors import FencepostError, LockHeld, UnexpectedResponse
@@ -72,7 +73,7 @@ def connection_options(command: Callable[P, T]) -> Callable[P, T]:
         click.option("--api-key", envvar="FENCEPOST_API_KEY", default=None, metavar="KEY",
                      help="API key [env FENCEPOST_API_KEY; prefer the variable: "
                           "arguments are visible to other local users]."),
-        click.option("--timeout", type=click.FloatRange(min=0.1, max=3600), default=10.0,
+        click.option("--timeout", type=Seconds(min=0.1, max=3600), default=10.0,
                      show_default=True, metavar="SECONDS", help="Per-request timeout."),
         click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts."),
     ]

@@ -10,7 +10,7 @@ import click
 
 from fencepost.cli.common import Ctx, api_command, connection_options, follow_pages
 from fencepost.cli.exitcodes import ExitCode
-from fencepost.cli.params import JSON_OBJECT, NAME, UUID
+from fencepost.cli.params import JSON_OBJECT, NAME, UUID, Seconds
 from fencepost.cli.progress import ProgressLine, lock_waiting, while_waiting
 from fencepost.cli.quiet import check_output_mode, emit_created, quiet_option
 from fencepost.cli.render import (
@@ -42,7 +42,7 @@ def lock() -> None:
 @click.argument("key", type=NAME)
 @click.option("--ttl", type=TTL, default=60, show_default=True, metavar="SECONDS",
               help="Lease length (5..7776000).")
-@click.option("--wait", type=click.FloatRange(min=0), default=0, show_default=True,
+@click.option("--wait", type=Seconds(min=0), default=0, show_default=True,
               metavar="SECONDS", help="How long to wait in line; 0 fails fast.")
 @click.option("--operation", default=None, help="What you are doing (shown to others).")
 @click.option("--metadata", type=JSON_OBJECT, default=None, help="JSON object of holder details.")

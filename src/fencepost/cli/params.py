@@ -1,8 +1,9 @@
-"""Click parameter types for fencepost's values: names, JSON objects, headers."""
+"""Click parameter types for fencepost's values: names, JSON objects, headers, seconds."""
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import click
@@ -10,6 +11,29 @@ import click
 from fencepost.core.names import is_valid_name
 
 NAME_RULE = "letters, digits and . _ : - (starting with a letter or digit), up to 128"
+
+
+class Seconds(click.FloatRange):
+    """A number of seconds within a range. click's FloatRange lets `nan`
+    through (no comparison with it is true), and a wait of nan seconds would
+    then be nothing in one place and for ever in another."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not math.isfinite(_float_or(value)):
+            self.fail(f"{value!r} is not a finite number of seconds.", param, ctx)
+        if isinstance(value, float) and not math.isfinite(value):
+            self.fail(f"{value!r} is not a finite number of seconds.", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+def _float_or(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return 0.0  # not a number at all: FloatRange says so
 
 
 class NameType(click.ParamType[str]):

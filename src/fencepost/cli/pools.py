@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from fencepost.cli.common import Ctx, api_command, connection_options, follow_pages
-from fencepost.cli.params import HEADER, NAME
+from fencepost.cli.params import HEADER, NAME, Seconds
 from fencepost.cli.progress import ProgressLine, slot_waiting, while_waiting
 from fencepost.cli.quiet import check_output_mode, emit_created, quiet_option
 from fencepost.cli.render import duration, epoch_ms, fields, key_label, relative, table, when
@@ -174,7 +174,7 @@ async def delete(ctx: Ctx, name: str) -> None:
 
 @pool.command("acquire")
 @click.argument("name", type=NAME)
-@click.option("--wait", type=click.FloatRange(min=0), default=0, show_default=True,
+@click.option("--wait", type=Seconds(min=0), default=0, show_default=True,
               metavar="SECONDS", help="How long to wait for a slot; 0 fails fast.")
 @click.option("--no-queue", is_flag=True, help="Fail fast even if --wait is given.")
 @quiet_option("the slot ID")

@@ -30,7 +30,7 @@ import click
 
 from fencepost.cli.common import CliFailure, Ctx, api_command, connection_options
 from fencepost.cli.exitcodes import ExitCode
-from fencepost.cli.params import JSON_OBJECT, NAME
+from fencepost.cli.params import JSON_OBJECT, NAME, Seconds
 from fencepost.cli.progress import ProgressLine, lock_waiting, slot_waiting, while_waiting
 from fencepost.cli.stopping import (
     MIN_LOCK_WINDOW_S,
@@ -106,14 +106,14 @@ def _slot_outcome_status(returncode: int) -> int:
               default=None, metavar="SECONDS",
               help="Hold the locks (--lock, repeated) on one session of this TTL: one "
                    "renewal every third of it keeps them all; --ttl is then unused.")
-@click.option("--wait", type=click.FloatRange(min=0), default=0, show_default=True,
+@click.option("--wait", type=Seconds(min=0), default=0, show_default=True,
               metavar="SECONDS", help="How long to wait for the lock or slot; 0 fails fast.")
 @click.option("--operation", default=None,
               help="What CMD does, shown to others who find the lock busy "
                    "[default: CMD's name].")
 @click.option("--metadata", type=JSON_OBJECT, default=None,
               help="JSON object of holder details (host and pid are added).")
-@click.option("--grace", type=click.FloatRange(0, 3600), default=None, metavar="SECONDS",
+@click.option("--grace", type=Seconds(0, 3600), default=None, metavar="SECONDS",
               help="When CMD must stop: time between SIGTERM and SIGKILL, which must fit "
                    "in the lease [default: 10, or less to fit].")
 @click.option("--busy-exit-code", type=click.IntRange(0, 255), default=int(ExitCode.BUSY),

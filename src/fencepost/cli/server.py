@@ -13,6 +13,7 @@ from typing import NoReturn
 
 import click
 
+from fencepost.cli.params import Seconds
 from fencepost.cli.stores import store_exists
 from fencepost.core.keys import MIN_BOOTSTRAP_SECRET_LENGTH
 from fencepost.core.names import is_valid_name
@@ -76,7 +77,7 @@ class WorkerCount(click.ParamType[int]):
               type=click.IntRange(0, 64),
               help="Read-only store connections besides the writers.")
 @click.option("--store-timeout", envvar="FENCEPOST_STORE_TIMEOUT", default=2.0,
-              show_default=True, type=click.FloatRange(0.2, 300),
+              show_default=True, type=Seconds(0.2, 300),
               help="Seconds a request waits for a PostgreSQL database that stopped answering "
                    "before it is answered 503 store_unavailable (its outcome then unknown; "
                    "retrying with the same lock token is safe).")
@@ -107,7 +108,7 @@ class WorkerCount(click.ParamType[int]):
 @click.option("--tls-key", envvar="FENCEPOST_TLS_KEY", default=None, metavar="PEM",
               help="The private key of --tls-cert.")
 @click.option("--drain-seconds", envvar="FENCEPOST_DRAIN_SECONDS", default=0.0,
-              show_default=True, type=click.FloatRange(0, 3600),
+              show_default=True, type=Seconds(0, 3600),
               help="On SIGTERM, keep serving this long with /readyz at 503 before the "
                    "listener closes, so that load balancers stop sending work first.")
 @click.option("--workers", envvar="FENCEPOST_WORKERS", default="1", show_default=True,

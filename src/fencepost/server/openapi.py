@@ -20,6 +20,7 @@ from fencepost.errors import (
     InvalidRequest,
     PayloadTooLarge,
     QuotaExceeded,
+    StoreNotReplicated,
     StoreUnavailable,
     Unauthorized,
     ValidationError,
@@ -36,6 +37,8 @@ _JSON = "application/json"
 _ANY_ROUTE = (InvalidRequest,)  # a malformed request or a repeated header, before routing
 _AUTHENTICATED = (Unauthorized, Forbidden, QuotaExceeded, StoreUnavailable)
 _WITH_BODY = (InvalidRequest, PayloadTooLarge, ValidationError)
+# A change (any method but GET) on a server told --require-sync-replication.
+_CHANGES = (StoreNotReplicated,)
 # Where the error class's docstring says less than the document should.
 _MEANINGS = {
     InvalidRequest: "the body is not JSON or repeats a key in one object, a required header "
@@ -195,6 +198,8 @@ def _errors(route: RouteSpec) -> dict[int, list[type[FencepostError]]]:
     kinds: list[type[FencepostError]] = [*_ANY_ROUTE, *route.errors]
     if route.role is not None:
         kinds += _AUTHENTICATED
+        if route.method != "GET":
+            kinds += _CHANGES
     if route.body is not None:
         kinds += _WITH_BODY
     kinds += [p.refused_with for p in (*route.path_params, *route.params) if p.refused_with]

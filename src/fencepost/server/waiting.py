@@ -37,7 +37,7 @@ import os
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Awaitable, Callable, Generic, Protocol, TypeVar
 
-from fencepost.errors import FencepostError, ShuttingDown
+from fencepost.errors import FencepostError, ShuttingDown, StoreUnavailable
 from fencepost.store.base import Freed
 from fencepost.store.batch import test_hooks_enabled
 
@@ -148,6 +148,10 @@ class _Parked:
     wake: asyncio.Event = field(compare=False, default_factory=asyncio.Event)
     # When the place was last refreshed in the store (loop time).
     refreshed: float = field(compare=False, default=0.0)
+    # Set when the store stopped answering for long enough that the place
+    # may have run out: the waiter is told (503), never silently sent to the
+    # back of the line.
+    lapsed: FencepostError | None = field(compare=False, default=None)
 
     @property
     def provisional(self) -> bool:
@@ -291,11 +295,30 @@ class WaitRoom:
                     gone = await _keep_all(keep_waiting, _portions(due, SWEEP_PORTION), at_once)
                 except FencepostError as exc:  # tried again at the next sweep
                     _log.warning("refreshing parked waiters: %s", exc.message)
+                    self._lapsing(due, started, exc)
                 else:
                     self._refreshed(due, gone, started)
             if loop.time() - woke >= SAFETY_WAKE_S:
                 woke = loop.time()
                 self.wake_heads()
+
+    def _lapsing(self, due: dict[Place, list[_Parked]], now: float,
+                 failure: FencepostError) -> None:
+        """The store did not take the refresh of `due` (SPEC §6: an outage, a
+        failover). A place that would run out before the next sweep could
+        refresh it is given up while the waiter still knows where it stood:
+        its waiter is answered 503, to retry, rather than be sent to the back
+        of the line once the store answers again."""
+        # The next sweep comes SWEEP_S from now, and its refresh takes a moment.
+        next_refresh = now + SWEEP_S + 0.5
+        for line in due.values():
+            for parked in line:
+                if parked.refreshed + WAITER_ALIVE_MS / 1000 <= next_refresh:
+                    parked.lapsed = StoreUnavailable(
+                        f"The store did not answer while this request waited in line "
+                        f"({failure.message}); its place would have run out, so it was given "
+                        f"up. Retry the request.")
+                    parked.wake.set()
 
     def _refreshed(
         self, due: dict[Place, list[_Parked]], gone: dict[Place, list[int]], at: float
@@ -439,6 +462,8 @@ async def _wait(
                 raise ClientGone()
             if room.closing.is_set():
                 raise ShuttingDown()
+            if parked.lapsed is not None:
+                raise parked.lapsed
             # Clear before retrying, never after: a wake-up that arrives while
             # the retry is in flight must survive to end the next wait.
             parked.wake.clear()

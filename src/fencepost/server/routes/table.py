@@ -27,6 +27,7 @@ from fencepost.errors import (
     SessionExpired,
     SessionLost,
     ShuttingDown,
+    StoreNotReplicated,
     StoreUnavailable,
     TooManyRequests,
     Unauthorized,
@@ -306,13 +307,13 @@ ROUTES: tuple[RouteSpec, ...] = (
         "GET", "/readyz", system.readyz, "getReadiness",
         "Readiness: the store answers and takes writes", None,
         responses=((200, schemas.Health, "Ready."),),
-        errors=(StoreUnavailable, ShuttingDown),
+        errors=(StoreUnavailable, StoreNotReplicated, ShuttingDown),
     ),
     RouteSpec(
         "GET", "/healthz", system.healthz, "getHealth", "Readiness (the old name of /readyz)",
         None,
         responses=((200, schemas.Health, "Ready."),),
-        errors=(StoreUnavailable, ShuttingDown),
+        errors=(StoreUnavailable, StoreNotReplicated, ShuttingDown),
     ),
     RouteSpec(
         "GET", "/metrics", system.metrics, "getMetrics",
