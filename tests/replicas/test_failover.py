@@ -19,6 +19,7 @@ shows as a token granted twice on any two locks.
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Iterator
@@ -28,7 +29,14 @@ import pytest
 from grants import LockLoad
 from pg_private import PrivatePostgres, Relay, private_root
 
-from support import ServerProcess, faketime_library, lock_headers, new_token, wait_until
+from support import (
+    WAKE_UPS_ONLY,
+    ServerProcess,
+    faketime_library,
+    lock_headers,
+    new_token,
+    wait_until,
+)
 
 
 class Pair:
@@ -241,3 +249,54 @@ def test_a_standby_alone_is_never_used(pair: Pair, tmp_path: Path) -> None:
     assert code != 0
     said = server.stderr_path.read_text()
     assert "standby" in said, said
+
+
+def test_waiters_parked_through_an_outage_are_told_not_requeued(
+        private_pg: PrivatePostgres, tmp_path: Path) -> None:
+    """A database that stops answering for longer than a parked waiter's place
+    lasts (10 s unrefreshed): each waiter gets a clear 503, never a silent trip
+    to the back of the line once the database answers again. No safety wake
+    (WAKE_UPS_ONLY): only the sweep that keeps places alive can notice."""
+    server = ServerProcess(tmp_path / "a", store=private_pg.url, extra_env=WAKE_UPS_ONLY,
+                           extra_args=["--store-timeout", "1"]).start()
+    answers: dict[int, httpx.Response | str] = {}
+
+    def wait_in_line(index: int) -> None:
+        with server.client(timeout=60) as client:
+            try:
+                answers[index] = client.put(
+                    "/v1/locks/outage-line/lease", headers=lock_headers(new_token()),
+                    json={"ttl_seconds": 60, "wait_seconds": 120})
+            except httpx.HTTPError as exc:
+                answers[index] = f"{type(exc).__name__}: {exc}"
+
+    threads = [threading.Thread(target=wait_in_line, args=(i,)) for i in range(3)]
+    try:
+        with server.client(timeout=30) as client:
+            holder = new_token()
+            assert client.put("/v1/locks/outage-line/lease", headers=lock_headers(holder),
+                              json={"ttl_seconds": 120}).status_code == 201
+            for thread in threads:
+                thread.start()
+            wait_until(lambda: client.get("/v1/locks/outage-line").json()["waiters"] == 3,
+                       "three waiters in line", timeout=30)
+            private_pg.pause()
+            try:
+                wait_until(lambda: len(answers) == 3, "every waiter answered", timeout=40)
+            finally:
+                private_pg.resume()
+            for thread in threads:
+                thread.join(timeout=30)
+            for index, answer in answers.items():
+                assert isinstance(answer, httpx.Response), answer
+                assert answer.status_code == 503, (index, answer.text)
+                assert answer.json()["error"]["code"] == "store_unavailable"
+            # Nobody was left in line, and the lock is still the holder's.
+            wait_until(lambda: client.get("/v1/locks/outage-line").status_code == 200,
+                       "the store answers again", timeout=30)
+            wait_until(lambda: client.get("/v1/locks/outage-line").json()["waiters"] == 0,
+                       "the line empty", timeout=30)
+            assert client.delete("/v1/locks/outage-line/lease",
+                                 headers={"X-Lock-Token": holder}).json()["released"]
+    finally:
+        server.stop()
