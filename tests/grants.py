@@ -10,7 +10,7 @@ and the moment its answer came. The checks then ask, lock by lock:
 - no token at or below one already answered for that lock before the request
   was sent (a grant is judged against what a client could have known);
 - with `exclusive=True` (synchronous replication), no two acknowledged leases
-  of a lock at once, and no acknowledged lease forgotten (its release
+  of a lock at once, and no acknowledged lease forgotten (its first release
   answered `released: false`).
 """
 
@@ -129,12 +129,14 @@ class LockLoad:
     def _release(self, client: httpx.Client, key: str, token: str, grant: Grant) -> None:
         grant.released = time.monotonic()
         # Retried with the same lock token until an answer says what happened
-        # (a 503 during a failover leaves the outcome unknown).
-        for _ in range(200):
+        # (a 503 during a failover leaves the outcome unknown). Only a first
+        # answer of `released: false` says the lease was forgotten: after an
+        # unknown outcome, the earlier attempt may have released it.
+        for attempt in range(200):
             resp = self._call(client, "DELETE", f"/v1/locks/{key}/lease",
                               headers={"X-Lock-Token": token})
             if resp is not None and resp.status_code == 200:
-                grant.forgotten = not resp.json()["released"]
+                grant.forgotten = attempt == 0 and not resp.json()["released"]
                 return
             if self._stop.is_set():
                 return
@@ -232,10 +234,10 @@ class SlotLoad:
                     self.slots.append(slot)
                 time.sleep(self.hold_s)
                 slot.released = time.monotonic()
-                for _ in range(200):
+                for attempt in range(200):  # as LockLoad._release
                     done = self._post(client, f"/v1/pools/{self.pool}/lock/{slot.slot_id}/release")
                     if done is not None and done.status_code == 200:
-                        slot.forgotten = not done.json()["released"]
+                        slot.forgotten = attempt == 0 and not done.json()["released"]
                         break
                     if self._stop.is_set():
                         break

@@ -15,6 +15,7 @@ FENCEPOST_HA_SOAK=N repeats the leader kill N times (a longer soak than CI's).
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from pathlib import Path
@@ -45,8 +46,7 @@ def _unavailable_for(load: LockLoad, fault_at: float) -> float:
     times = sorted(grant.answered for grant in load.grants if grant.answered >= fault_at)
     if not times:
         return float("inf")
-    return max(later - earlier for earlier, later in zip([fault_at, *times], times,
-                                                           strict=True))
+    return max(later - earlier for earlier, later in itertools.pairwise([fault_at, *times]))
 
 
 def _kill_leader_under_load(cluster: PatroniCluster, tmp_path: Path, synchronous: bool,

@@ -161,9 +161,10 @@ def test_paused_database_answers_503_within_the_store_timeout(pair: Pair,
             assert client.put("/v1/locks/paused/lease", headers=lock_headers(token),
                               json={"ttl_seconds": 60}).status_code == 201
             pair.primary.pause()
+            other = new_token()
             try:
                 started = time.monotonic()
-                resp = client.put("/v1/locks/other/lease", headers=lock_headers(new_token()),
+                resp = client.put("/v1/locks/other/lease", headers=lock_headers(other),
                                   json={"ttl_seconds": 60})
                 took = time.monotonic() - started
                 assert resp.status_code == 503, resp.text
@@ -191,6 +192,15 @@ def test_paused_database_answers_503_within_the_store_timeout(pair: Pair,
             taken = client.put("/v1/locks/paused/lease", headers=lock_headers(new_token()),
                                json={"ttl_seconds": 60})
             assert taken.status_code == 409
+            # The acquire whose outcome was unknown, retried with its lock token: a
+            # grant (201), or the grant it had made after all (200): one lease either way.
+            retried = client.put("/v1/locks/other/lease", headers=lock_headers(other),
+                                 json={"ttl_seconds": 60})
+            assert retried.status_code in (200, 201), retried.text
+            again = client.put("/v1/locks/other/lease", headers=lock_headers(other),
+                               json={"ttl_seconds": 60})
+            assert again.status_code == 200
+            assert again.json()["fencing_token"] == retried.json()["fencing_token"]
     finally:
         server.stop()
 
@@ -298,5 +308,36 @@ def test_waiters_parked_through_an_outage_are_told_not_requeued(
                        "the line empty", timeout=30)
             assert client.delete("/v1/locks/outage-line/lease",
                                  headers={"X-Lock-Token": holder}).json()["released"]
+    finally:
+        server.stop()
+
+
+def test_a_stalled_synchronous_standby_answers_503_within_the_store_timeout(
+        pair: Pair, tmp_path: Path) -> None:
+    """Commits wait for a synchronous standby; frozen, it confirms none, and
+    the primary waits with them (a cancel does not end that wait): callers get
+    503 within the store timeout, and service resumes when the standby does."""
+    pair.primary.sql("ALTER SYSTEM SET synchronous_standby_names = 'standby'")
+    pair.primary.sql("SELECT pg_reload_conf()")
+    (server,) = _servers(tmp_path, pair.url, ("a",))
+    try:
+        with server.client(timeout=30) as client:
+            wait_until(lambda: client.get("/readyz").json().get("replication", {}).get("mode")
+                       == "sync", "sync replication seen", timeout=30)
+            pair.standby.pause()
+            try:
+                started = time.monotonic()
+                resp = client.put("/v1/locks/stalled/lease", headers=lock_headers(new_token()),
+                                  json={"ttl_seconds": 60})
+                took = time.monotonic() - started
+                assert resp.status_code == 503, resp.text
+                assert took < 2 + 1.5, f"answered after {took:.1f} s"
+                wait_until(lambda: client.get("/readyz").status_code == 503, "readyz off",
+                           timeout=5)
+            finally:
+                pair.standby.resume()
+            wait_until(lambda: client.put(
+                "/v1/locks/stalled-after/lease", headers=lock_headers(new_token()),
+                json={"ttl_seconds": 60}).status_code == 201, "a grant again", timeout=60)
     finally:
         server.stop()
