@@ -106,7 +106,8 @@ async def prepare_store(
     on_bootstrap: Callable[[str, bool], None] | None,
 ) -> None:
     """Migrate the store and make the bootstrap key, once, before any worker."""
-    store = make_store(options.store, readers=0, clock_anchor=anchor)
+    store = make_store(options.store, readers=0, clock_anchor=anchor,
+                       timeout_s=options.store_timeout)
     await store.open()
     try:
         secret = await store.bootstrap(options.bootstrap_key)
