@@ -91,6 +91,8 @@ class PrivatePostgres:
                 os.kill(pid, signal.SIGSTOP)
 
     def resume(self) -> None:
+        if not (self.data / "postmaster.pid").exists():
+            return  # not running: nothing paused
         for pid in [self.postmaster(), *self._children()]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)

@@ -246,6 +246,18 @@ def test_require_sync_replication_refuses_changes_until_a_standby_confirms(
                 "a change accepted with a synchronous standby", timeout=30)
             wait_until(lambda: client.get("/readyz").status_code == 200, "ready", timeout=30)
             assert client.get("/readyz").json()["replication"]["mode"] == "sync"
+            # The standby goes away: commits would wait for ever; changes are refused
+            # at once instead, and nothing changes.
+            pair.standby.stop()
+            wait_until(lambda: pair.primary.sql("SELECT count(*) FROM pg_stat_replication")
+                       == [(0,)], "the standby gone", timeout=30)
+            other = client.put("/v1/locks/sync-2/lease", headers=lock_headers(new_token()),
+                               json={"ttl_seconds": 60})
+            assert other.status_code == 503, other.text
+            assert other.json()["error"]["code"] == "store_not_replicated"
+            assert client.get("/v1/locks/sync-2").json()["held"] is False
+            wait_until(lambda: client.get("/readyz").status_code == 503, "readyz off",
+                       timeout=30)
     finally:
         server.stop()
 

@@ -83,11 +83,16 @@ _UNUSABLE_CLASSES = {"08", "53", "57", "58", "XX"}
 _READ_ONLY_TRANSACTION = "25006"
 _CLOCK = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 # With --require-sync-replication, each write batch reads beside the clock
-# whether its commit will wait for a synchronous standby.
+# whether its commit will wait for a synchronous standby, and whether one is
+# there to confirm it: with none streaming, a commit would wait for ever (a
+# role without pg_read_all_stats sees no sync_state: any standby streaming
+# counts, and a commit that then waits meets the store timeout).
 _SYNC = (
     ", current_setting('synchronous_standby_names') <> '' AND "
     "current_setting('synchronous_commit') IN ("
-    + ", ".join(f"'{level}'" for level in SYNC_COMMIT_LEVELS) + ")"
+    + ", ".join(f"'{level}'" for level in SYNC_COMMIT_LEVELS) + ") AND "
+    "EXISTS (SELECT 1 FROM pg_stat_replication "
+    "WHERE sync_state IS NULL OR sync_state IN ('sync', 'quorum'))"
 )
 _BEGIN_READ = f"BEGIN READ ONLY; {_CLOCK}"
 _NOTIFY_EACH = "SELECT pg_notify(%s, payload) FROM json_array_elements_text(%s::json) AS payload"
@@ -538,7 +543,8 @@ class PostgresStore(SqlStore):
 
     async def check_ready(self) -> None:
         replication = self._engine.replication
-        if self._engine.require_sync and (replication is None or replication.mode != "sync"):
+        if self._engine.require_sync and (
+                replication is None or replication.mode != "sync" or not replication.standbys):
             mode = "unknown" if replication is None else replication.mode.value
             raise StoreNotReplicated(
                 f"No synchronous standby confirms commits (replication: {mode}); changes are "
