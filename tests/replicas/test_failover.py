@@ -169,6 +169,8 @@ def test_paused_database_answers_503_within_the_store_timeout(pair: Pair,
                 took = time.monotonic() - started
                 assert resp.status_code == 503, resp.text
                 assert resp.json()["error"]["code"] == "store_unavailable"
+                # The change was under way: a caller must not take the 503 for a refusal.
+                assert resp.json()["error"]["outcome"] == "unknown"
                 # --store-timeout 2, checked every 0.1 s; the slack is for a loaded machine.
                 assert took < 2 + 1.5, f"answered after {took:.1f} s"
                 ready = client.get("/readyz")

@@ -6,8 +6,10 @@ exponential backoff and full jitter (a random pause up to the exponential
 bound, so many clients do not retry in step), never sooner than the server's
 `Retry-After`. A call that is not idempotent (pool acquire, key creation) is
 retried only when its earlier attempt surely never reached the server or was
-answered with an error, so a retry never takes a second slot or makes a second
-key. A lock acquire is idempotent: every attempt carries the same lock token.
+answered with an error that says nothing was done, so a retry never takes a
+second slot or makes a second key (a `503 store_unavailable` with `outcome:
+"unknown"` says the change may have been made). A lock acquire is idempotent:
+every attempt carries the same lock token.
 """
 
 from __future__ import annotations
@@ -64,6 +66,9 @@ def should_retry(call: Call[Any], error: BaseException) -> bool:
         return False
     if isinstance(error, TransportError):
         return call.idempotent or not error.maybe_sent
+    if isinstance(error, StoreUnavailable) and error.extra.get("outcome") == "unknown":
+        # The store stopped answering while the change was under way.
+        return call.idempotent
     if isinstance(
         error, QuotaExceeded | ShuttingDown | StoreUnavailable | TooManyConnections
     ):

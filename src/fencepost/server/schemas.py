@@ -336,6 +336,12 @@ class ErrorInfo(msgspec.Struct):
     effective_limit: Annotated[
         int, Meta(ge=0, description="too_many_requests: slots the pool admits now.")
     ] | None = None
+    outcome: Annotated[
+        Literal["unknown"],
+        Meta(description="store_unavailable: the store stopped answering while the change "
+             "was under way, so it may or may not have been made (retry it with the same "
+             "lock token, or look)."),
+    ] | None = None
 
 
 class ErrorBody(msgspec.Struct):

@@ -789,8 +789,8 @@ class BatchWriter:
 
     def _give_up(self, looped: _Looped, stuck: list[_Link], limit: float) -> None:
         failure = StoreUnavailable(
-            f"The store did not answer within {limit:g} s; the outcome of a change is unknown "
-            f"(retrying it with the same lock token is safe)."
+            f"The store did not answer within {limit:g} s; a change may or may not have been "
+            f"made (retrying it with the same lock token is safe).", outcome="unknown",
         )
         answered: list[Job[Any]] = []
         for link in stuck:
@@ -909,9 +909,11 @@ class BatchWriter:
             assert done is not None
             outcomes, events = done
         except Exception as exc:  # noqa: BLE001 - the writer thread must survive anything
-            # Nothing of this batch is durable: fail every caller in it.
+            # Fail every caller in it: nothing of it is durable, unless its
+            # connection broke as the commit went out (then nobody knows).
             if not isinstance(exc, (StoreUnavailable, *self._engine.errors)):
                 _log.exception("a store batch failed unexpectedly")
+            unknown = not isinstance(exc, StoreUnavailable) and _unknown(self._engine, link)
             self._abandon(link)
             if self._engine.stale_together and isinstance(exc, self._engine.errors) \
                     and self._engine.fatal(exc):
@@ -919,9 +921,12 @@ class BatchWriter:
                 # before its next batch, so the database's change of state
                 # refuses one write, not one per connection.
                 self._generation += 1
-            failure = exc if isinstance(exc, StoreUnavailable) else StoreUnavailable(
-                f"The store failed: {exc}."
-            )
+            if isinstance(exc, StoreUnavailable):
+                failure = exc
+            elif unknown:
+                failure = StoreUnavailable(f"The store failed: {exc}.", outcome="unknown")
+            else:
+                failure = StoreUnavailable(f"The store failed: {exc}.")
             outcomes = [(job, None, failure) for job in batch]
             events = []
             failed = True
@@ -1120,6 +1125,14 @@ class BatchWriter:
             except RuntimeError:
                 pass  # that loop is closed; nobody is waiting any more
             events = []  # publish each event once, on the first loop
+
+
+def _unknown(engine: Engine, link: _Link) -> bool:
+    """Whether a failed batch may have committed all the same: its connection
+    broke under it, maybe after the commit went out (a failure the database
+    answered with rolled the batch back)."""
+    conn = link.conn
+    return conn is not None and engine.broken(conn)
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:
