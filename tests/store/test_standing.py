@@ -16,10 +16,13 @@ import pytest
 
 from fencepost.store.standing import (
     NEW_DATABASE_MARGIN_US,
+    SEQUENCES,
+    TOKENS,
     Mode,
     Replication,
     Standing,
-    floor_for,
+    floored,
+    floors_for,
     mode_of,
 )
 from pg_support import migrated_database
@@ -41,26 +44,37 @@ def test_mode_follows_what_a_commit_waits_for(names: str, level: str, standbys: 
     assert mode_of(names, level, standbys) is mode
 
 
-def _standing(identity: str, recorded: str | None, sequence: int, clock_ms: int) -> Standing:
-    return Standing(False, identity, recorded, sequence, clock_ms,
-                    Replication(Mode.NONE, 0))
+def _standing(identity: str, recorded: str | None, sequence: int, clock_ms: int,
+              tickets: int = 7) -> Standing:
+    values = {name: tickets for name in SEQUENCES}
+    values[TOKENS] = sequence
+    return Standing(False, identity, recorded, values, clock_ms, Replication(Mode.NONE, 0))
 
 
-def test_the_same_database_floors_at_its_clock() -> None:
-    assert floor_for(_standing("s:5:1", "s:5:1", 10, 1_000), 0) == (1_000_000, False)
+def test_the_same_database_floors_its_tokens_at_its_clock() -> None:
+    assert floors_for(_standing("s:5:1", "s:5:1", 10, 1_000), {}) == {TOKENS: 1_000_000}
     # A store from before names were recorded: the database last written to.
-    assert floor_for(_standing("s:5:1", None, 10, 1_000), 10**12) == (1_000_000, False)
+    assert floors_for(_standing("s:5:1", None, 10, 1_000), {TOKENS: 10**12}) == {
+        TOKENS: 1_000_000}
+    assert not floored(_standing("s:5:1", "s:5:1", 10, 1_000), {})
+    assert floored(_standing("s:5:1", "s:5:1", 2_000_000, 1_000), {})
+    assert not floored(_standing("s:5:1", None, 2_000_000, 1_000), {})  # name to record
 
 
-def test_a_new_database_floors_above_everything_known_plus_the_margin() -> None:
+def test_a_new_database_floors_every_sequence_above_all_known_plus_the_margin() -> None:
     clock_us = 1_000_000
     for sequence, high_water in [(5, 0), (10**9, 0), (5, 10**10), (10**10, 10**11)]:
-        floor, new = floor_for(_standing("s:5:2", "s:5:1", sequence, 1_000), high_water)
-        assert new
-        assert floor == max(clock_us, sequence, high_water) + NEW_DATABASE_MARGIN_US
+        standing = _standing("s:5:2", "s:5:1", sequence, 1_000, tickets=3)
+        floors = floors_for(standing, {TOKENS: high_water, "lock_tickets": 10**13})
+        assert set(floors) == set(SEQUENCES)
+        assert floors[TOKENS] == max(clock_us, sequence, high_water) + NEW_DATABASE_MARGIN_US
+        assert floors["lock_tickets"] == 10**13 + NEW_DATABASE_MARGIN_US
+        assert floors["slot_waiters_ticket_seq"] == clock_us + NEW_DATABASE_MARGIN_US
+        assert not floored(standing, {})
     # Another cluster, another database in the cluster: new as well.
-    assert floor_for(_standing("t:5:1", "s:5:1", 5, 1_000), 0)[1]
-    assert floor_for(_standing("s:6:1", "s:5:1", 5, 1_000), 0)[1]
+    assert _standing("t:5:1", "s:5:1", 5, 1_000).new
+    assert _standing("s:6:1", "s:5:1", 5, 1_000).new
+    assert not _standing("s:5:1", None, 5, 1_000).new
 
 
 def _acquire(server: ServerProcess, key: str) -> int:
@@ -104,12 +118,19 @@ def test_a_database_with_another_name_recorded_is_floored_with_the_margin(
                 conn.execute("UPDATE meta SET value = 'another:1:1' "
                              "WHERE name = 'database_identity'")
                 conn.execute("SELECT setval('fencing_tokens', %s)", (min(before) - 1,))
+                tickets = {name: conn.execute(f"SELECT last_value FROM {name}").fetchone()[0]
+                           for name in SEQUENCES[1:]}
             _cut_sessions(url)
             after = _acquire(server, "k0")
             assert after > max(before) + NEW_DATABASE_MARGIN_US - 1_000_000, (before, after)
             with psycopg.connect(url, autocommit=True) as conn:
                 (recorded,) = conn.execute(
                     "SELECT value FROM meta WHERE name = 'database_identity'").fetchone()
+                # The waiters' tickets too: a replica that outlived the failover may
+                # hold any of them.
+                for name, value in tickets.items():
+                    (now,) = conn.execute(f"SELECT last_value FROM {name}").fetchone()
+                    assert now >= value + NEW_DATABASE_MARGIN_US, (name, value, now)
             assert recorded == identity  # this database's own name again
             said = server.stderr_path.read_text()
             assert "did not last write to" in said and "another:1:1" in said

@@ -45,10 +45,11 @@ from fencepost.store.sql_store import DEFAULT_READERS, SqlStore
 from fencepost.store.standing import (
     STANDING_SQL,
     SYNC_COMMIT_LEVELS,
+    TOKENS,
     Replication,
     Standing,
-    floor_for,
-    floor_tokens,
+    floor_sequences,
+    floored,
     standing_of,
 )
 
@@ -242,9 +243,9 @@ class PostgresEngine:
         # Where the store stands (store/standing.py), as last read by any
         # connection; None until the first connection.
         self.standing: Standing | None = None
-        # The highest fencing-token sequence value this process has read on
-        # any database: a floor on a new one starts above it.
-        self.high_water = 0
+        # The highest value of each sequence (standing.SEQUENCES) this process
+        # has read on any database: a floor on a new one starts above it.
+        self.high_water: dict[str, int] = {}
         self.new_databases = 0  # databases this process floored as new
 
     def connect(self, writes: bool = True) -> _Connection:
@@ -289,28 +290,29 @@ class PostgresEngine:
                 "on the primary"
             )
         self.saw(standing)
-        if not writes:
+        if not writes or floored(standing, self.high_water):
             return
-        floor, new = floor_for(standing, self.high_water)
-        if standing.recorded == standing.identity and standing.sequence >= floor:
-            return  # floored already: nothing to write
-        value, new = await floor_tokens(execute, standing, self.high_water)
-        self.high_water = max(self.high_water, value)
-        if new:
+        values, under_lock = await floor_sequences(execute, self.high_water)
+        self._raise_high_water(values)
+        if under_lock.new:
             self.new_databases += 1
             _log.warning(
                 "the store is a database fencepost did not last write to (%s, was %s): a "
                 "promoted standby or a restored copy; fencing tokens now continue above %d",
-                standing.identity, standing.recorded, value,
+                under_lock.identity, under_lock.recorded, values[TOKENS],
             )
 
     def saw(self, standing: Standing) -> None:
         """Take a standing read on any connection as the store's latest."""
         before = self.standing
         self.standing = standing
-        self.high_water = max(self.high_water, standing.sequence)
+        self._raise_high_water(standing.sequences)
         if before is None or before.replication.mode != standing.replication.mode:
             _report_replication(standing.replication, before is None)
+
+    def _raise_high_water(self, values: dict[str, int]) -> None:
+        for name, value in values.items():
+            self.high_water[name] = max(self.high_water.get(name, 0), value)
 
     @property
     def replication(self) -> Replication | None:

@@ -5,8 +5,9 @@ PostgreSQL", §7.9).
 Tokens after a failover. A standby promoted after an asynchronous failover
 may lack the last commits of the old primary, the fencing-token sequence's
 last draws among them: drawing on from its copy would issue again tokens
-that holders of the old primary already carry. So whenever a connection
-reaches a database this deployment did not last write to, the sequence is
+that holders of the old primary already carry (and tickets that waiters
+parked on a surviving replica still hold). So whenever a connection reaches
+a database this deployment did not last write to, the sequences are
 floored before that connection runs anything else:
 
 - a database is named by its cluster's system identifier (pg_control, the
@@ -75,6 +76,14 @@ class Replication:
         return {"mode": self.mode.value, "standbys": self.standbys}
 
 
+# The sequences whose numbers must never be drawn twice: fencing tokens, and
+# the tickets of parked waiters (a replica that outlives a failover keeps its
+# waiters' tickets; the same number drawn again would be another waiter's
+# place, and leaving or granting one would act on the other).
+TOKENS = "fencing_tokens"
+SEQUENCES = (TOKENS, "lock_tickets", "slot_waiters_ticket_seq")
+
+
 @dataclass(frozen=True, slots=True)
 class Standing:
     """What one statement read on a fresh connection or every 10 s."""
@@ -82,9 +91,16 @@ class Standing:
     standby: bool  # the server is in recovery: it cannot take writes
     identity: str  # "system identifier:database oid:timeline"
     recorded: str | None  # the identity the last floor recorded in `meta`
-    sequence: int  # the fencing-token sequence's value
+    sequences: dict[str, int]  # each of SEQUENCES' value
     clock_ms: int
     replication: Replication
+
+    @property
+    def new(self) -> bool:
+        """A database this deployment did not last write to. One that no
+        floor ever recorded a name in (a new store, or one from a version
+        before names were recorded) is taken for the one last written to."""
+        return self.recorded is not None and self.recorded != self.identity
 
 
 # The timeline is the first 8 hex digits of the current WAL file's name; a
@@ -97,6 +113,8 @@ SELECT pg_is_in_recovery(),
             ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int END,
        (SELECT value FROM meta WHERE name = 'database_identity'),
        (SELECT last_value FROM fencing_tokens),
+       (SELECT last_value FROM lock_tickets),
+       (SELECT last_value FROM slot_waiters_ticket_seq),
        (extract(epoch FROM clock_timestamp()) * 1000)::bigint,
        current_setting('synchronous_standby_names'),
        current_setting('synchronous_commit'),
@@ -113,46 +131,63 @@ def mode_of(standby_names: str, commit_level: str, standbys: int) -> Mode:
 
 
 def standing_of(row: tuple[Any, ...]) -> Standing:
-    standby, system, timeline, recorded, sequence, clock, names, level, standbys = row
+    standby, system, timeline, recorded, *values = row[:4 + len(SEQUENCES)]
+    clock, names, level, standbys = row[4 + len(SEQUENCES):]
     return Standing(
         standby=bool(standby), identity=f"{system}:{int(timeline)}", recorded=recorded,
-        sequence=int(sequence), clock_ms=int(clock),
+        sequences={name: int(value) for name, value in zip(SEQUENCES, values, strict=True)},
+        clock_ms=int(clock),
         replication=Replication(mode_of(str(names), str(level), int(standbys)), int(standbys)),
     )
 
 
-def floor_for(standing: Standing, high_water: int) -> tuple[int, bool]:
-    """The floor for a connection that read `standing`, and whether it is a
-    database this deployment did not last write to (then it gets the margin).
-    A database no floor ever recorded a name in (a new store, or one from a
-    version before names were recorded) is taken for the one last written to."""
+def floors_for(standing: Standing, high_water: dict[str, int]) -> dict[str, int]:
+    """What each sequence is floored at on a connection that read `standing`
+    (see the module's docstring): on a new database, every sequence above all
+    it and this process know of, plus the margin; on the same one, the
+    tokens at the clock (tickets need no clock: nothing outside the store
+    holds them across a restart)."""
     clock_us = standing.clock_ms * 1000
-    new = standing.recorded is not None and standing.recorded != standing.identity
-    if not new:
-        return clock_us, False
-    return max(clock_us, standing.sequence, high_water) + NEW_DATABASE_MARGIN_US, True
+    if not standing.new:
+        return {TOKENS: clock_us}
+    return {
+        name: max(clock_us, value, high_water.get(name, 0)) + NEW_DATABASE_MARGIN_US
+        for name, value in standing.sequences.items()
+    }
+
+
+def floored(standing: Standing, high_water: dict[str, int]) -> bool:
+    """Whether nothing is left to floor or record for `standing`."""
+    if standing.recorded != standing.identity:
+        return False
+    floors = floors_for(standing, high_water)
+    return all(standing.sequences[name] >= floor for name, floor in floors.items())
 
 
 Execute = Callable[[str, tuple[Any, ...] | None], Awaitable[list[tuple[Any, ...]]]]
 
 
-async def floor_tokens(execute: Execute, standing: Standing, high_water: int) -> tuple[int, bool]:
-    """Floor the sequence for a new connection (see the module's docstring)
-    and record the database's name; return the sequence's value after it and
-    whether this connection found a new database. `execute` runs one
-    statement on the connection and returns its rows."""
+async def floor_sequences(
+    execute: Execute, high_water: dict[str, int]
+) -> tuple[dict[str, int], Standing]:
+    """Floor the sequences for a new connection (see the module's docstring)
+    and record the database's name; return each floored sequence's value
+    after it, and the standing read under the floors' lock. `execute` runs
+    one statement on the connection and returns its rows."""
     await execute("BEGIN", None)
     try:
         await execute("SELECT pg_advisory_xact_lock(%s)", (FLOOR_LOCK,))
         # Read again under the lock: another replica may have floored since.
         (row,) = await execute(STANDING_SQL, None)
         now = standing_of(row)
-        floor, new = floor_for(now, high_water)
-        (value,) = await execute(
-            "SELECT CASE WHEN last_value < %s THEN setval('fencing_tokens', %s) "
-            "ELSE last_value END FROM fencing_tokens",
-            (floor - FLOOR_SLACK, floor),
-        )
+        values: dict[str, int] = {}
+        for name, floor in floors_for(now, high_water).items():
+            # The names are ours (SEQUENCES), not input.
+            ((values[name],),) = await execute(
+                f"SELECT CASE WHEN last_value < %s THEN setval('{name}', %s) "
+                f"ELSE last_value END FROM {name}",
+                (floor - FLOOR_SLACK, floor),
+            )
         if now.recorded != now.identity:
             await execute(
                 "INSERT INTO meta (name, value) VALUES (%s, %s) "
@@ -164,4 +199,4 @@ async def floor_tokens(execute: Execute, standing: Standing, high_water: int) ->
         with contextlib.suppress(Exception):  # the connection is closed after this anyway
             await execute("ROLLBACK", None)
         raise
-    return int(value[0]), new
+    return values, now
