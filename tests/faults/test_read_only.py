@@ -131,3 +131,47 @@ def test_a_postgresql_database_that_refuses_writes_gets_503(
                 assert c.get(f"/v1/locks/{key}").json()["fencing_token"] == token
         assert "Traceback" not in replica.stderr_path.read_text()
         replica.stop()
+
+
+def _as_role(url: str, role: str) -> str:
+    return url.replace("postgres@", f"{role}:pw@", 1)
+
+
+def test_a_postgresql_role_whose_write_privileges_are_revoked_gets_503(
+    servers: Callable[..., ServerProcess],
+) -> None:
+    """The operator revokes fencepost's role's right to write (or a grant goes
+    missing in a migration of their own): every change is 503 store_unavailable
+    and /readyz turns off, so load balancers stop sending traffic; reads go
+    on; granting back brings writes back without a restart."""
+    role = f"fp_{new_token()[:8]}"
+    with temporary_database() as url, psycopg.connect(url, autocommit=True) as admin:
+        admin.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'pw'")
+        try:
+            admin.execute(f"GRANT ALL ON SCHEMA public TO {role}")
+            # The role migrates the empty database, so it owns the tables; a
+            # superuser's REVOKE binds an owner too.
+            replica = servers("replica", store=_as_role(url, role))
+            admin.execute(f"GRANT ALL ON ALL TABLES IN SCHEMA public TO {role}")
+            admin.execute(f"GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {role}")
+            granted = grant_some(replica, 2)
+            for _ in range(ROUNDS):
+                admin.execute(f"REVOKE INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public "
+                              f"FROM {role}")
+                refused = acquire(replica, unique_name("refused"), new_token())
+                assert_unavailable(refused)
+                assert "permission denied" in refused.text
+                wait_until(lambda: get(replica, "/readyz").status_code == 503,
+                           "/readyz to turn off")
+                with replica.client() as c:  # reads go on
+                    key, token = granted[0]
+                    assert c.get(f"/v1/locks/{key}").json()["fencing_token"] == token
+                admin.execute(f"GRANT ALL ON ALL TABLES IN SCHEMA public TO {role}")
+                wait_until(lambda: get(replica, "/readyz").status_code == 200,
+                           "/readyz to come back")
+                granted += grant_after_read_only(replica, 2)
+            assert "Traceback" not in replica.stderr_path.read_text()
+            replica.stop()
+        finally:
+            admin.execute(f"DROP OWNED BY {role}")
+            admin.execute(f"DROP ROLE {role}")

@@ -77,11 +77,12 @@ STANDING_EVERY_S = 10.0
 # SQLSTATE classes that say the database cannot take the batch now: connection
 # exceptions, insufficient resources (disk full, out of memory), operator
 # intervention (shutting down, recovering), system errors (I/O), internal
-# errors (corruption). A database that refuses writes (a read-only standby, or
-# default_transaction_read_only) answers 25006. Each fails the batch whole
-# with 503 store_unavailable, never a 500.
+# errors (corruption). A database that refuses writes answers 25006 (a
+# read-only standby, or default_transaction_read_only) or 42501 (the role's
+# privileges revoked). Each fails the batch whole with 503 store_unavailable,
+# never a 500, and turns /readyz off until a write succeeds again.
 _UNUSABLE_CLASSES = {"08", "53", "57", "58", "XX"}
-_READ_ONLY_TRANSACTION = "25006"
+_REFUSED_WRITES = {"25006", "42501"}
 _CLOCK = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 # With --require-sync-replication, each write batch reads beside the clock
 # whether its commit will wait for a synchronous standby, and whether one is
@@ -378,7 +379,7 @@ class PostgresEngine:
         if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
             return True
         sqlstate = getattr(exc, "sqlstate", None) or ""
-        return sqlstate == _READ_ONLY_TRANSACTION or sqlstate[:2] in _UNUSABLE_CLASSES
+        return sqlstate in _REFUSED_WRITES or sqlstate[:2] in _UNUSABLE_CLASSES
 
     def now_ms(self) -> int:
         if self.clock_ms is not None:
