@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from fencepost.core import governor as gov
 from fencepost.core import slots
@@ -210,9 +211,49 @@ def test_a_shorter_hint_later_never_shortens_a_pause():
 
 
 def test_absurd_hints_are_capped():
-    state = report(gov.initial(8), Outcome(status=429, rate=spent(None, retry_after_ms=10**12)),
-                   T0)
+    absurd = Outcome(status=429, rate=spent(None, retry_after_ms=10**12), reporter="a")
+    state = report(gov.initial(8), absurd, T0)
+    assert gov.pause_remaining_ms(state, T0) == gov.ONE_REPORTER_PAUSE_MS
+    state = report(state, replace(absurd, reporter="b"), T0 + 1)
+    # Ten minutes from the first claim, both reporters' claims being capped.
     assert gov.pause_remaining_ms(state, T0) == gov.MAX_PAUSE_MS
+
+
+def test_one_reporter_alone_pauses_for_a_minute_at_most():
+    ten_minutes = Outcome(status=429, rate=spent(600_000), reporter="hostile")
+    state = report(gov.initial(8), ten_minutes, T0)
+    assert gov.pause_remaining_ms(state, T0) == 60_000
+    # Saying it again, and again, from the same key: a minute from its latest word.
+    for offset in (1_000, 30_000, 59_000):
+        state = report(state, ten_minutes, T0 + offset)
+        assert gov.pause_remaining_ms(state, T0 + offset) == 60_000
+    # No report at all for a minute: the pause is over, admissions go on.
+    assert gov.pause_remaining_ms(state, T0 + 59_000 + 60_000) is None
+    # Anonymous reports (no key known) are one reporter too.
+    anonymous = replace(ten_minutes, reporter=None)
+    state = report(report(gov.initial(8), anonymous, T0), anonymous, T0 + 1)
+    assert gov.pause_remaining_ms(state, T0 + 1) == 60_000
+
+
+def test_a_second_reporter_extends_the_pause_as_far_as_both_say():
+    first = Outcome(status=429, rate=spent(600_000), reporter="a")
+    state = report(gov.initial(8), first, T0)
+    # b says 5 minutes: both agree on at least that much.
+    state = report(state, Outcome(status=429, rate=spent(300_000), reporter="b"), T0 + 1_000)
+    assert gov.pause_remaining_ms(state, T0 + 1_000) == 300_000
+    # c says more than b did: the pause runs as far as both say, b's 5 minutes.
+    state = report(state, Outcome(status=429, rate=spent(400_000), reporter="c"), T0 + 2_000)
+    assert gov.pause_remaining_ms(state, T0 + 2_000) == 299_000
+    # and d, agreeing with c, takes it to c's claim (the shorter of the two).
+    state = report(state, Outcome(status=429, rate=spent(500_000), reporter="d"), T0 + 3_000)
+    assert gov.pause_remaining_ms(state, T0 + 3_000) == 399_000
+    # A short hint never shortens it.
+    state = report(state, Outcome(status=429, rate=spent(10), reporter="e"), T0 + 3_500)
+    assert gov.pause_remaining_ms(state, T0 + 3_500) == 398_500
+    # A success of a call admitted during the pause still ends it, and forgets who asked.
+    state = report(state, Outcome(status=200, hold_ms=10), T0 + 4_000)
+    assert gov.pause_remaining_ms(state, T0 + 4_000) is None
+    assert state.pause_reporter is None and state.pause_claim_ms == 0
 
 
 def test_rate_state_teaches_the_quota_and_its_window():

@@ -49,6 +49,10 @@ SLOW_PROBE = 0.1  # share of the normal increase while probing past the plateau
 MIN_ROUND_TRIP_MS = 20
 HOLD_EWMA_WEIGHT = 0.2
 MAX_PAUSE_MS = 600_000  # never trust a retry hint longer than ten minutes
+# One holder's report alone pauses the pool for at most this long (SPEC §4.5):
+# a longer pause needs a second holder's evidence, so one buggy or hostile
+# caller cannot stop everyone for ten minutes.
+ONE_REPORTER_PAUSE_MS = 60_000
 DEFAULT_WINDOW_MS = 60_000  # a rate whose window the headers do not state is per minute
 # Several holders throttled in a row, with no success for this many successful
 # round trips: the shared budget is empty, not the concurrency too high.
@@ -95,6 +99,8 @@ class Outcome:
     retry_after_ms: int | None = None
     rate: RateLimitInfo | None = None
     hold_ms: int | None = None
+    # Who reported it (the holder's key): a long pause needs two of them.
+    reporter: str | None = None
 
     @property
     def hint(self) -> Hint | None:
@@ -151,6 +157,10 @@ class GovernorState:
     probe_hold_ms: float | None = None  # the successful hold time before that probe
     latency_bound: bool = False  # the last probe found calls faster at a lower limit
     last_throttle_ms: int = 0  # when a holder last reported a throttle
+    # Who asked for the pause in force, and until when they said the budget
+    # stays empty (which may be later than the pause: see _pause).
+    pause_reporter: str | None = None
+    pause_claim_ms: int = 0
 
 
 def initial(limit: int) -> GovernorState:
@@ -345,11 +355,11 @@ def _weigh_hints(
         return state
     if empty_ms is not None:
         return _pause(state, empty_ms if empty_ms > 0 else (hint.retry_after_ms if hint else 0),
-                      now_ms)
+                      now_ms, outcome.reporter)
     if outcome.was_throttled and hint is not None and hint.retry_after_ms > 0:
         state = replace(state, hinted_streak=state.hinted_streak + 1)
         if _budget_looks_empty(state, now_ms):
-            return _pause(state, hint.retry_after_ms, now_ms)
+            return _pause(state, hint.retry_after_ms, now_ms, outcome.reporter)
     return state
 
 
@@ -369,20 +379,37 @@ def refill_interval_ms(state: GovernorState) -> float | None:
     return (state.window_ms or DEFAULT_WINDOW_MS) / state.learned_rpm
 
 
-def _pause(state: GovernorState, for_ms: int, now_ms: int) -> GovernorState:
+def _pause(
+    state: GovernorState, for_ms: int, now_ms: int, reporter: str | None
+) -> GovernorState:
+    """Pause, or extend the pause, on `reporter`'s evidence that the budget is
+    empty for `for_ms`. One reporter's word alone pauses for at most
+    ONE_REPORTER_PAUSE_MS; where a second reporter's evidence agrees, the
+    pause runs as long as both say (the shorter of their two claims), up to
+    MAX_PAUSE_MS. The latest reporter's claim is kept, so that a third can
+    agree with it in turn."""
     if for_ms <= 0:
         return state
-    until = now_ms + min(for_ms, MAX_PAUSE_MS)
-    if state.paused_until_ms > now_ms:  # already paused: the latest evidence may extend it
-        return replace(state, paused_until_ms=max(state.paused_until_ms, until))
+    claim = now_ms + min(for_ms, MAX_PAUSE_MS)
+    until = now_ms + min(for_ms, MAX_PAUSE_MS, ONE_REPORTER_PAUSE_MS)
+    paused = state.paused_until_ms > now_ms
+    if paused and state.pause_reporter != reporter:
+        until = max(until, min(claim, state.pause_claim_ms))
+    if paused and state.pause_reporter == reporter:
+        claim = max(claim, state.pause_claim_ms)
+    if paused:  # the latest evidence may extend the pause, never shorten it
+        return replace(state, paused_until_ms=max(state.paused_until_ms, until),
+                       pause_reporter=reporter, pause_claim_ms=claim)
     gap = refill_interval_ms(state) or (state.ok_hold_ms or round_trip_ms(state))
     gap_ms = max(MIN_PROBE_GAP_MS, math.ceil(gap))
     return replace(state, paused_until_ms=until, paused_since_ms=now_ms, probe_gap_ms=gap_ms,
-                   next_probe_ms=now_ms + gap_ms)
+                   next_probe_ms=now_ms + gap_ms, pause_reporter=reporter,
+                   pause_claim_ms=claim)
 
 
 def _resume(state: GovernorState) -> GovernorState:
-    return replace(state, paused_until_ms=0, probe_gap_ms=0, next_probe_ms=0)
+    return replace(state, paused_until_ms=0, probe_gap_ms=0, next_probe_ms=0,
+                   pause_reporter=None, pause_claim_ms=0)
 
 
 def pause_remaining_ms(state: GovernorState, now_ms: int) -> int | None:

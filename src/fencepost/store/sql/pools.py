@@ -98,6 +98,8 @@ class _GovernorRow(NamedTuple):
     gov_probe_hold_ms: float | None
     latency_bound: int
     last_throttle_ms: int
+    pause_reporter: str | None
+    pause_claim_ms: int
 
 
 class _StatsRow(NamedTuple):
@@ -239,6 +241,8 @@ def _governor(r: _GovernorRow, config: PoolConfig) -> GovernorState:
         probe_hold_ms=r.gov_probe_hold_ms,
         latency_bound=bool(r.latency_bound),
         last_throttle_ms=r.last_throttle_ms,
+        pause_reporter=r.pause_reporter,
+        pause_claim_ms=r.pause_claim_ms,
     )
 
 
@@ -251,6 +255,7 @@ def _governor_values(g: GovernorState) -> tuple[Any, ...]:
         g.ok_hold_ms, g.base_hold_ms, g.last_success_ms, g.hinted_streak,
         hint and hint.source, hint and hint.retry_after_ms, hint and hint.at_ms,
         g.probe_since_ms, g.probe_hold_ms, int(g.latency_bound), g.last_throttle_ms,
+        g.pause_reporter, g.pause_claim_ms,
     )
 
 
@@ -859,9 +864,11 @@ def release(
             + ("" if report is None else f" RETURNING {_POOL_COLUMNS}"),
             (*args, project, pool, slot_id, project, pool, now),
         )
+        # A report's slot says whose it was: the governor weighs each holder's
+        # evidence on its own (one holder alone pauses a pool briefly).
         deleted = tx.execute(
             f"DELETE FROM slots WHERE slot_id = ? AND project = ? AND pool = ? "
-            f"RETURNING {_SLOT_COLUMNS}",
+            f"RETURNING {_SLOT_COLUMNS}{'' if report is None else ', key_id'}",
             (slot_id, project, pool),
         )
 
@@ -884,7 +891,7 @@ def release(
             assert counted is not None  # a report is never gathered
             state = _pool(counted.fetchone(), pool)
             _remember(known, project, pool, state)
-            _learn(tx, known, project, pool, state, report, now - slot.acquired_ms)
+            _learn(tx, known, project, pool, state, report, now - slot.acquired_ms, row[-1])
         tx.events.append(pool_freed(project, pool))
         held_ms = now - slot.acquired_ms
         tx.events.append(Ended("slot", project, pool, "released", held_ms, tx.origin))
@@ -903,16 +910,17 @@ def release(
 
 def _learn(
     tx: Tx, known: KnownPools, project: str, pool: str, state: _Pool, report: SlotReport,
-    hold_ms: int,
+    hold_ms: int, reporter: str | None,
 ) -> None:
-    """Feed the reported outcome to the governor; its new state is shared by every
-    server through this row."""
+    """Feed the reported outcome of `reporter`'s slot to the governor; its new
+    state is shared by every server through this row."""
     outcome = Outcome(
         status=report.status,
         throttled=report.throttled or 0,
         retry_after_ms=report.retry_after_ms,
         rate=report.rate,
         hold_ms=hold_ms,
+        reporter=reporter,
     )
     learned = gov.on_report(
         state.governor, outcome, tx.now_ms, configured=state.config.limit,
