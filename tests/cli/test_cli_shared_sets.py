@@ -55,12 +55,13 @@ def test_run_with_a_session_holds_every_lock_on_one_heartbeat(
         server: ServerProcess, member_env: dict[str, str]) -> None:
     b, a = unique_name("sess-b"), unique_name("sess-a")
     # The locks' expiry is the 15 s session's (not --ttl's 60 s), and CMD
-    # outlives a heartbeat (every 5 s at most): the expiry moved with it.
+    # outlives a heartbeat (every 5 s at most): the expiry moved with it. CMD
+    # looks with fencepost's own key, so it needs --pass-credentials.
     look = (f'curl -s -H "Authorization: Bearer $FENCEPOST_API_KEY" '
             f'"$FENCEPOST_URL/v1/locks/{a}"; echo')
     script = f'{look}; sleep 6; {look}; echo "$FENCEPOST_LOCK_KEYS"'
-    out = fp("run", "--lock", b, "--lock", a, "--session-ttl", "15", "--",
-             "sh", "-c", script, env=member_env)
+    out = fp("run", "--lock", b, "--lock", a, "--session-ttl", "15", "--pass-credentials",
+             "--", "sh", "-c", script, env=member_env)
     assert out.returncode == 0, out.stderr
     first, later, keys = out.stdout.strip().splitlines()
     assert keys == ",".join(sorted([a, b]))

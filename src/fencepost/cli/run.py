@@ -5,7 +5,9 @@ lock or a pool slot exactly while a command runs.
   way it ends); fencepost then exits with CMD's exit code (128+N when CMD was
   killed by signal N).
 - CMD gets FENCEPOST_LOCK_KEY and FENCEPOST_FENCING_TOKEN (or FENCEPOST_POOL and
-  FENCEPOST_SLOT_ID) in its environment.
+  FENCEPOST_SLOT_ID) in its environment, and not fencepost's own credentials
+  (`CREDENTIAL_VARIABLES`) unless --pass-credentials is given: CMD may be any
+  code, and the key fencepost holds may be an admin key.
 - Signals sent to fencepost are forwarded to CMD. On a terminal, CMD stays in
   the terminal's foreground, so Ctrl-C reaches it directly and is not sent twice.
   Elsewhere (cron, CI) CMD runs in a process group of its own, and signals and
@@ -63,6 +65,12 @@ EX_TEMPFAIL = 75
 # followed at once by a renewal: only a send time bounds the lease's end.
 SLOW_GRANT_S = 1.0
 MIN_REQUEST_TIMEOUT_S = 1.0
+# Variables whose value is a fencepost secret: the API key the client reads,
+# and the server's bootstrap (admin) key and metrics key, should the same
+# environment serve both. CMD gets none of them without --pass-credentials.
+# (FENCEPOST_URL, FENCEPOST_CA_BUNDLE and FENCEPOST_TLS_* are not secrets:
+# an address, and paths of files.)
+CREDENTIAL_VARIABLES = ("FENCEPOST_API_KEY", "FENCEPOST_BOOTSTRAP_KEY", "FENCEPOST_METRICS_KEY")
 
 
 def _terminal_foreground() -> bool:
@@ -119,13 +127,19 @@ def _slot_outcome_status(returncode: int) -> int:
 @click.option("--busy-exit-code", type=click.IntRange(0, 255), default=int(ExitCode.BUSY),
               show_default=True, help="Exit code when the lock or slot is not free in time "
                                       "(0 makes a busy cron run a quiet no-op).")
+@click.option("--pass-credentials", is_flag=True, default=False,
+              help="Leave fencepost's credentials (" + ", ".join(CREDENTIAL_VARIABLES)
+                   + ") in CMD's environment. Without it they are removed: CMD may be "
+                     "any code, and an API key (perhaps an admin key) must not leak "
+                     "into it.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @connection_options
 @api_command
 async def run(ctx: Ctx, lock_keys: tuple[str, ...], shared: bool, pool_name: str | None,
               ttl: int, session_ttl: int | None, wait: float, operation: str | None,
               metadata: dict[str, Any] | None,
-              grace: float | None, busy_exit_code: int, command: tuple[str, ...]) -> int:
+              grace: float | None, busy_exit_code: int, pass_credentials: bool,
+              command: tuple[str, ...]) -> int:
     """Run CMD while holding a lock (--lock KEY), several locks at once
     (--lock A --lock B: all or none, without deadlock; with --session-ttl on
     one session, renewed once for them all), or a pool slot (--pool POOL).
@@ -139,7 +153,11 @@ async def run(ctx: Ctx, lock_keys: tuple[str, ...], shared: bool, pool_name: str
 
     CMD gets FENCEPOST_LOCK_KEY and FENCEPOST_FENCING_TOKEN (one lock), or
     FENCEPOST_LOCK_KEYS and FENCEPOST_FENCING_TOKENS (several: `key=token`
-    pairs, comma-separated), or FENCEPOST_POOL and FENCEPOST_SLOT_ID.
+    pairs, comma-separated), or FENCEPOST_POOL and FENCEPOST_SLOT_ID, with the
+    rest of fencepost's environment except its credentials: FENCEPOST_API_KEY
+    (and the server's FENCEPOST_BOOTSTRAP_KEY and FENCEPOST_METRICS_KEY) reach
+    CMD only with --pass-credentials. CMD may be any code, and fencepost's key,
+    perhaps an admin key, must not leak into it.
 
     Exits with CMD's exit code. Before CMD runs: 3 (or --busy-exit-code) when
     the lock or slot is not free in time, and the codes of other commands for
@@ -168,7 +186,7 @@ async def run(ctx: Ctx, lock_keys: tuple[str, ...], shared: bool, pool_name: str
         # is retried in time. The stop itself never waits for a renewal.
         renew_every = (ttl - grace - margin_for(ttl)) / 3
     timeout = None if renew_every is None else max(renew_every, MIN_REQUEST_TIMEOUT_S)
-    runner = _Runner(ctx, list(command), grace, ttl)
+    runner = _Runner(ctx, list(command), grace, ttl, pass_credentials)
     client = ctx.client(timeout=timeout, on_renewed=runner.renewed)
     async with client:
         hold: Hold
@@ -250,9 +268,11 @@ Hold = AsyncLockHold | AsyncLockSetHold | _SessionLocks | AsyncSlotHold
 class _Runner:
     """Holds the lease, runs CMD, and relays signals between the two."""
 
-    def __init__(self, ctx: Ctx, argv: list[str], grace: float | None, ttl: int) -> None:
+    def __init__(self, ctx: Ctx, argv: list[str], grace: float | None, ttl: int,
+                 pass_credentials: bool = False) -> None:
         self.ctx = ctx
         self.argv = argv
+        self.pass_credentials = pass_credentials
         self.ttl = ttl  # of a lock lease
         self.grace = grace  # None: the default, chosen to fit a slot's term
         self.schedule: StopSchedule | None = None
@@ -373,6 +393,9 @@ class _Runner:
 
     def _environment(self, hold: Hold) -> dict[str, str]:
         env = dict(os.environ)
+        if not self.pass_credentials:
+            for name in CREDENTIAL_VARIABLES:
+                env.pop(name, None)
         if isinstance(hold, AsyncLockHold):
             env["FENCEPOST_LOCK_KEY"] = hold.key
             env["FENCEPOST_FENCING_TOKEN"] = str(hold.fencing_token)
