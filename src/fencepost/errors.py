@@ -208,6 +208,15 @@ class QuotaExceeded(FencepostError):
     default_message = "This key is over its requests-per-minute quota."
 
 
+class TooManySessions(FencepostError):
+    """429: the API key holds as many live sessions as one key may
+    (MAX_LIVE_SESSIONS); end one, or let one expire, first."""
+
+    code = "too_many_sessions"
+    http_status = 429
+    default_message = "This key holds as many live sessions as a key may."
+
+
 class TooManyRequests(FencepostError):
     """429: no pool slot is free and no wait was asked (or the queue is full)."""
 

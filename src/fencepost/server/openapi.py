@@ -46,7 +46,8 @@ _MEANINGS = {
                     "the request is not valid HTTP/1.1.",
 }
 _TAGS = {"locks": "locks", "pools": "pools", "keys": "keys", "whoami": "keys"}
-_RETRY_AFTER_CODES = {"lock_held", "quota_exceeded", "too_many_requests", "queue_timeout"}
+_RETRY_AFTER_CODES = {"lock_held", "quota_exceeded", "too_many_requests", "queue_timeout",
+                      "too_many_sessions"}
 
 _HEADERS: dict[str, dict[str, Any]] = {
     "X-Request-Id": {

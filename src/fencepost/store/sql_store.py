@@ -428,9 +428,11 @@ class SqlStore:
     async def create_session(
         self, project: str, key_id: str, ttl_seconds: int, name: str | None
     ) -> Session:
-        # No keys: the new row's id is drawn inside, and nobody knows it yet.
+        # The key's count of live sessions is read, then grown: creations by
+        # one key take turns (the new row's id is drawn inside: nobody knows it).
         return await self._writer.run(
-            lambda tx: sessions.create(tx, project, key_id, ttl_seconds, name), NO_KEYS
+            lambda tx: sessions.create(tx, project, key_id, ttl_seconds, name),
+            (Key("sessions_of", project, key_id),),
         )
 
     async def _with_attached(

@@ -30,6 +30,7 @@ from fencepost.errors import (
     StoreNotReplicated,
     StoreUnavailable,
     TooManyRequests,
+    TooManySessions,
     Unauthorized,
     ValidationError,
 )
@@ -250,6 +251,7 @@ ROUTES: tuple[RouteSpec, ...] = (
         schemas.CreateSessionBody,
         responses=((201, schemas.SessionGrant,
                     "Started; it belongs to the calling key (and keys refreshed from it)."),),
+        errors=(TooManySessions,),
     ),
     RouteSpec(
         "PATCH", "/v1/sessions/{session_id}", sessions.renew, "renewSession",

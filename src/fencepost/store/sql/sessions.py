@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 from fencepost.core import sessions as rules
 from fencepost.core.leases import AcquireRequest
 from fencepost.core.sessions import Session, SessionEnd
-from fencepost.errors import NotFound, SessionExpired, SessionLost
+from fencepost.errors import NotFound, SessionExpired, SessionLost, TooManySessions
 from fencepost.events import SessionChanged
 from fencepost.store.batch import Key, Keys, Refused, Tx, refused_before_writing
 from fencepost.store.sql.bounded import delete_oldest
@@ -77,7 +77,21 @@ def _session(row: Any) -> Session:
 
 def create(
     tx: Tx, project: str, key_id: str, ttl_seconds: int, name: str | None
-) -> Session:
+) -> Session | Refused:
+    """A new session of `key_id`'s, unless the key holds MAX_LIVE_SESSIONS
+    live ones already (Refused, read before anything is written, with when
+    the soonest of them expires as the time to retry)."""
+    live, soonest = tx.execute(
+        "SELECT count(*), min(expires_ms) FROM sessions WHERE key_id = ? "
+        "AND ended_reason IS NULL AND expires_ms > ?",
+        (key_id, tx.now_ms),
+    ).fetchone()
+    if live >= rules.MAX_LIVE_SESSIONS:
+        return Refused(TooManySessions(
+            f"This key holds {live} live sessions, the most one key may; end one "
+            f"(DELETE /v1/sessions/{{id}}) or let one expire.",
+            retry_after_ms=max(0, int(soonest) - tx.now_ms),
+        ))
     session = rules.new_session(rules.new_session_id(), name, ttl_seconds, key_id, tx.now_ms)
     tx.execute(
         "INSERT INTO sessions (id, project, key_id, owner_root, name, ttl_ms, created_ms, "
