@@ -97,3 +97,14 @@ def test_details_still_name_every_bad_field_next_to_an_integral_one() -> None:
         decode_body(b'{"ttl_seconds": 30.0, "on_expiry": "never", "ttl": 1}',
                     schemas.AcquireLockBody)
     assert {d["field"] for d in raised.value.details} == {"on_expiry", "ttl"}
+
+
+@pytest.mark.parametrize("depth", [600, 900, 5000])
+def test_deeply_nested_metadata_is_a_400_never_an_error(depth: int) -> None:
+    """Nesting that the decoder takes but the repeated-key count's recursion
+    cannot follow is refused as too deep (it was a 500), as deeper nesting the
+    decoder itself refuses is."""
+    nested = "[" * depth + "]" * depth
+    body = f'{{"ttl_seconds": 30, "metadata": {{"a": 1, "b": {{"c": {nested}}}}}}}'.encode()
+    with pytest.raises(InvalidRequest, match="nested too deeply"):
+        decode_body(body, schemas.AcquireLockBody)

@@ -50,6 +50,9 @@ def _path_check(param: Param) -> Check:
     enum = frozenset(schema.get("enum", ()))
     shortest, longest = schema.get("minLength", 0), schema.get("maxLength", sys.maxsize)
     name = param.name
+    # U+0000 (a `%00` in the path) is refused like any other breach, so that the
+    # store never sees it (PostgreSQL's TEXT cannot hold it, SPEC §2); a pattern
+    # or an enum keeps it out too, but a key's `id` has neither.
 
     def check(request: Request) -> str:
         value = request.path_params[name]
@@ -57,6 +60,7 @@ def _path_check(param: Param) -> Check:
             (pattern is not None and pattern.fullmatch(value) is None)
             or (enum and value not in enum)
             or not shortest <= len(value) <= longest
+            or "\x00" in value
         ):
             raise _refusal(param)
         return value
