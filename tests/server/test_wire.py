@@ -1122,31 +1122,84 @@ async def test_a_slow_reader_still_gets_every_answer(served: Served) -> None:
         assert (await c.reply()).status == 200
 
 
-async def test_connections_over_the_cap_get_503_and_close(app: App) -> None:
-    connections = Connections(app.handle, app.refuse, TrustedProxies([]), max_connections=2)
+@contextlib.asynccontextmanager
+async def listening(connections: Connections) -> AsyncIterator[tuple[int, list[Client]]]:
+    """A listener for `connections` on a free port, and a list for the test's
+    clients; all closed at the end."""
     server = await asyncio.get_running_loop().create_server(
         connections.protocol, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    clients = [await Client.connect(port) for _ in range(2)]
+    clients: list[Client] = []
     try:
-        await eventually(_async(lambda: len(connections.open) == 2), "two connections held")
-        extra = await Client.connect(port)
-        reply = await extra.reply()
-        assert reply.status == 503, reply
-        assert reply.error_code() == "too_many_connections"
-        assert reply.headers.get("retry-after") == "1"
-        assert reply.headers.get("x-request-id")
-        assert await extra.closed_by_server()
-        # The held ones still work; once one closes, a newcomer is served.
-        assert (await clients[0].request(request_bytes("GET", "/healthz"))).status == 200
-        clients[1].close()
-        await eventually(_async(lambda: len(connections.open) == 1), "one connection left")
-        newcomer = await Client.connect(port)
-        clients.append(newcomer)
-        assert (await newcomer.request(request_bytes("GET", "/healthz"))).status == 200
+        yield server.sockets[0].getsockname()[1], clients
     finally:
         for c in clients:
             c.close()
         server.close()
         connections.abort()
         await server.wait_closed()
+
+
+async def test_connections_over_the_cap_get_503_and_close(app: App) -> None:
+    """At the cap with every connection busy (two callers waiting in a lock's
+    line), a newcomer is answered 503 and closed: a waiter is never closed to
+    make room."""
+    connections = Connections(app.handle, app.refuse, TrustedProxies([]), max_connections=2)
+    async with listening(connections) as (port, clients):
+        clients += [await Client.connect(port) for _ in range(2)]
+        await eventually(_async(lambda: len(connections.open) == 2), "two connections held")
+        holder = str(uuid.uuid4())
+        assert (await clients[0].request(acquire_bytes("capped", holder))).status == 201
+        for c in clients:
+            await c.send(acquire_bytes("capped", str(uuid.uuid4()), wait_seconds=30))
+        await eventually(_async(lambda: all(c.busy for c in connections.open)), "both waiting")
+        extra = await Client.connect(port)
+        clients.append(extra)
+        reply = await extra.reply()
+        assert reply.status == 503, reply
+        assert reply.error_code() == "too_many_connections"
+        assert reply.headers.get("retry-after") == "1"
+        assert reply.headers.get("x-request-id")
+        assert await extra.closed_by_server()
+        # Once one closes, a newcomer is served.
+        clients[0].close()
+        await eventually(_async(lambda: len(connections.open) == 1), "one connection left")
+        newcomer = await Client.connect(port)
+        clients.append(newcomer)
+        assert (await newcomer.request(request_bytes("GET", "/healthz"))).status == 200
+
+
+async def test_at_the_cap_the_idlest_connection_makes_room(app: App) -> None:
+    connections = Connections(app.handle, app.refuse, TrustedProxies([]), max_connections=2)
+    async with listening(connections) as (port, clients):
+        idlest = await Client.connect(port)
+        clients.append(idlest)
+        await eventually(_async(lambda: len(connections.open) == 1), "the first held")
+        await asyncio.sleep(0.05)
+        recent = await Client.connect(port)
+        clients.append(recent)
+        assert (await recent.request(request_bytes("GET", "/healthz"))).status == 200
+        newcomer = await Client.connect(port)
+        clients.append(newcomer)
+        assert (await newcomer.request(request_bytes("GET", "/healthz"))).status == 200
+        assert await idlest.closed_by_server()
+        assert (await recent.request(request_bytes("GET", "/healthz"))).status == 200
+        assert len(connections.open) == 2
+
+
+async def test_one_source_holds_at_most_its_share(app: App) -> None:
+    connections = Connections(app.handle, app.refuse, TrustedProxies([]), max_per_source=2)
+    async with listening(connections) as (port, clients):
+        clients += [await Client.connect(port) for _ in range(2)]
+        await eventually(_async(lambda: len(connections.open) == 2), "two connections held")
+        extra = await Client.connect(port)
+        clients.append(extra)
+        reply = await extra.reply()
+        assert reply.status == 503 and reply.error_code() == "too_many_connections"
+        assert "address" in reply.json()["error"]["message"]
+    # A trusted proxy speaks for many clients: no share applies to it.
+    trusting = Connections(app.handle, app.refuse, TrustedProxies(["127.0.0.1"]),
+                           max_per_source=2)
+    async with listening(trusting) as (port, clients):
+        clients += [await Client.connect(port) for _ in range(3)]
+        for c in clients:
+            assert (await c.request(request_bytes("GET", "/healthz"))).status == 200

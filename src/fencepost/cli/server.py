@@ -103,6 +103,11 @@ class WorkerCount(click.ParamType[int]):
               type=click.IntRange(1, 1_000_000),
               help="Open connections held at once; more are answered 503 and closed. "
                    "Default: 4096, or fewer when the open-file limit is lower.")
+@click.option("--max-connections-per-source", envvar="FENCEPOST_MAX_CONNECTIONS_PER_SOURCE",
+              default=256, show_default=True, type=click.IntRange(0, 1_000_000),
+              help="Open connections one client address may hold at once; 0 for no cap. "
+                   "Addresses in --trusted-proxies are not capped (they speak for many "
+                   "clients: cap per client in the proxy).")
 @click.option("--tls-cert", envvar="FENCEPOST_TLS_CERT", default=None, metavar="PEM",
               help="Serve HTTPS with this certificate (chain) file; needs --tls-key.")
 @click.option("--tls-key", envvar="FENCEPOST_TLS_KEY", default=None, metavar="PEM",
@@ -121,7 +126,7 @@ def serve(
     trusted_proxies: str, max_connections: int | None, tls_cert: str | None,
     tls_key: str | None, drain_seconds: float, event_log: str | None,
     metrics_key: str | None, workers: int, store_timeout: float,
-    require_sync_replication: bool,
+    require_sync_replication: bool, max_connections_per_source: int,
 ) -> None:
     """Run the lock service."""
     configure_logging()
@@ -187,6 +192,7 @@ def serve(
         trusted_proxies=proxies, max_connections=max_connections, tls_cert=tls_cert,
         tls_key=tls_key, drain_seconds=drain_seconds, store_timeout=store_timeout,
         require_sync_replication=require_sync_replication,
+        max_connections_per_source=max_connections_per_source,
     )
     if workers == 1:
         launch(options, on_ready=ready, on_bootstrap=announce)

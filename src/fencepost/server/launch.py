@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from fencepost.server.app import AppConfig, create_app
 from fencepost.server.runner import serve, tls_context
+from fencepost.server.wire import DEFAULT_MAX_PER_SOURCE
 from fencepost.store import make_store
 
 
@@ -33,6 +34,7 @@ class ServeOptions:
     tls_key: str | None = None
     drain_seconds: float = 0.0
     store_timeout: float | None = None  # None: the store's default (SPEC §6)
+    max_connections_per_source: int = DEFAULT_MAX_PER_SOURCE
     require_sync_replication: bool = False
 
     def to_json(self) -> dict[str, Any]:
@@ -74,4 +76,5 @@ def launch(
     serve(app, options.host, options.port, options.trusted_proxies, options.max_connections,
           tls, on_ready=on_ready, drain_seconds=options.drain_seconds,
           reuse_port=worker is not None,
-          stop_signals=() if worker else (signal.SIGTERM, signal.SIGINT), stop_fd=stop_fd)
+          stop_signals=() if worker else (signal.SIGTERM, signal.SIGINT), stop_fd=stop_fd,
+          max_per_source=options.max_connections_per_source)

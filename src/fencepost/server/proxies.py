@@ -27,6 +27,10 @@ class TrustedProxies:
         # ip_allowed lets anyone through an empty allowlist; no proxies trusts none.
         return bool(self._networks) and ip_allowed(host, self._networks)
 
+    def trusts(self, host: str) -> bool:
+        """Whether `host` is one of the trusted proxies."""
+        return self._trusts(host)
+
     def client(self, peer: str, forwarded_for: str | None) -> str:
         """The caller's address: the peer, or, when the peer is a trusted proxy,
         the right-most address in X-Forwarded-For that is not a trusted proxy

@@ -13,7 +13,7 @@ from typing import Any, Callable, Coroutine
 
 from fencepost.server.app import App
 from fencepost.server.proxies import TrustedProxies
-from fencepost.server.wire import REQUEST_READ_S, Connections
+from fencepost.server.wire import DEFAULT_MAX_PER_SOURCE, REQUEST_READ_S, Connections
 
 # In-flight requests get this long to finish after SIGTERM.
 GRACEFUL_SHUTDOWN_S = 10.0
@@ -29,14 +29,16 @@ def serve(
     max_connections: int | None = None, tls: ssl.SSLContext | None = None,
     on_ready: Callable[[int], None] | None = None, drain_seconds: float = 0.0,
     reuse_port: bool = False, stop_signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT),
-    stop_fd: int | None = None,
+    stop_fd: int | None = None, max_per_source: int | None = DEFAULT_MAX_PER_SOURCE,
 ) -> None:
     """Run until SIGTERM/SIGINT (exit 0 after a graceful stop); exit 1, after one
     line on stderr, when the address cannot be bound or the store cannot be
     opened. `on_ready(port)` is called once the server listens with its store
     open, never before. X-Forwarded-For is believed only from `trusted_proxies`.
-    More than `max_connections` open connections are refused with a 503
-    (default: see `connection_cap`). With `tls` (see `tls_context`), HTTPS only.
+    At `max_connections` open connections (default: see `connection_cap`) the
+    idlest makes room for a new one, or, with none idle, the newcomer is
+    refused with a 503; one address holds at most `max_per_source` (0: no
+    cap; trusted proxies are not capped). With `tls` (see `tls_context`), HTTPS only.
     On SIGTERM, /readyz turns 503 at once and everything else keeps serving for
     `drain_seconds` (see `_stop`). A worker (server/workers.py) shares its
     port with its siblings (`reuse_port`) and takes no signals: each byte its
@@ -46,7 +48,7 @@ def serve(
     cap = connection_cap(max_connections)
     try:
         ok = _run(_serve(app, host, port, proxies, cap, tls, on_ready, drain_seconds,
-                         reuse_port, stop_signals, stop_fd))
+                         reuse_port, stop_signals, stop_fd, max_per_source))
     except KeyboardInterrupt:  # a second Ctrl-C while stopping
         ok = True
     if not ok:
@@ -103,10 +105,10 @@ async def _serve(
     tls: ssl.SSLContext | None, on_ready: Callable[[int], None] | None,
     drain_seconds: float = 0.0, reuse_port: bool = False,
     stop_signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT),
-    stop_fd: int | None = None,
+    stop_fd: int | None = None, max_per_source: int | None = None,
 ) -> bool:
     loop = asyncio.get_running_loop()
-    connections = Connections(app.handle, app.refuse, proxies, max_connections)
+    connections = Connections(app.handle, app.refuse, proxies, max_connections, max_per_source)
     # The address first: a busy port must fail before the store is opened (and,
     # on an empty store, before a bootstrap key is made). Connections are
     # accepted only once the store is open.

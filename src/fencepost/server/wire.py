@@ -10,7 +10,12 @@ whatever a client sends or refuses to read: at most MAX_PIPELINED parsed
 requests wait (the rest of the input stays unparsed, and reading stops), no
 request is answered while the client is not reading the previous answers, a
 client that reads nothing for SEND_STALL_S is cut off, and the listener holds at
-most `max_connections` connections (more are answered 503 and closed at once). It exists
+most `max_connections` connections. One source cannot take them all (SPEC
+§7.7): each address holds at most `max_per_source` (a trusted proxy excepted:
+it speaks for many), a connection must send a whole request head within
+HEAD_READ_S of opening (and of starting each request), and at the cap the
+connection idle the longest is closed to make room for a new one; only when
+none is idle is the newcomer answered 503 and closed at once. It exists
 because the general ASGI path (uvicorn + Starlette) cost most of the server's
 CPU per request in the benchmark's profile (README "Benchmarks"); every route
 is served here, so there is one path to test, not a fast one and a slow one.
@@ -40,6 +45,12 @@ KEEP_ALIVE_S = 30.0
 # One request's head and body must arrive within this, however slowly they
 # trickle in (a client sending a byte now and then holds no connection forever).
 REQUEST_READ_S = 30.0
+# A new connection's first request head, and each request's head once begun,
+# must arrive within this (SPEC §7.7): connections opened and left silent are
+# the cheapest way to hold a server's connections.
+HEAD_READ_S = 10.0
+# Connections one source address may hold at once, by default.
+DEFAULT_MAX_PER_SOURCE = 256
 # After a 413 the rest of the body is read and dropped, up to this much and
 # this long, so that the client reads the answer instead of a reset (closing
 # a socket with unread input resets it, and the reset destroys the answer).
@@ -102,14 +113,16 @@ class Connections:
 
     def __init__(
         self, handle: Handle, refuse: Refusal, proxies: TrustedProxies,
-        max_connections: int | None = None,
+        max_connections: int | None = None, max_per_source: int | None = None,
     ) -> None:
         self.handle = handle
         self.refuse = refuse
         self.proxies = proxies
         self.max_connections = max_connections
+        self.max_per_source = max_per_source  # None or 0: no cap per source
         self.date = _DateHeader()
         self.open: set[HttpConnection] = set()
+        self.per_source: collections.Counter[str] = collections.Counter()
         self.closing = False
         self.aborted = False  # stop waiting for busy connections
 
@@ -125,6 +138,33 @@ class Connections:
 
     def busy(self) -> int:
         return sum(1 for connection in self.open if connection.busy)
+
+    def admit(self, connection: HttpConnection, source: str) -> str | None:
+        """Count `connection` in, or say why not: its source holds its share,
+        or every connection is busy at the cap. At the cap an idle connection
+        is closed to make room: the one idle the longest (a connection that
+        never sent a request is idle since it opened)."""
+        cap = self.max_per_source
+        if cap and self.per_source[source] >= cap and not self.proxies.trusts(source):
+            return f"This address holds {cap} connections, the most one may; close some."
+        if self.max_connections is not None and len(self.open) >= self.max_connections:
+            idlest = min(
+                (c for c in self.open if c.idle_since is not None and not c.busy),
+                key=lambda c: c.idle_since or 0.0, default=None,
+            )
+            if idlest is None:
+                return "The server has too many open connections; retry shortly."
+            idlest.make_room()
+        self.open.add(connection)
+        self.per_source[source] += 1
+        return None
+
+    def leave(self, connection: HttpConnection, source: str) -> None:
+        if connection in self.open:
+            self.open.discard(connection)
+            self.per_source[source] -= 1
+            if self.per_source[source] <= 0:
+                del self.per_source[source]
 
     def abort(self) -> None:
         for connection in list(self.open):
@@ -171,7 +211,10 @@ class HttpConnection(asyncio.Protocol):
         self._answer_owed = False  # the next queued request waits for writing to resume
         self._stall_timer: asyncio.TimerHandle | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
-        self._idle_since: float | None = None  # the loop's time when it last fell idle
+        self.idle_since: float | None = None  # the loop's time when it last fell idle
+        self._head_pending = True  # no whole request head yet: the first, or a begun one
+        self._head_deadline: asyncio.TimerHandle | None = None
+        self._source = ""
         self._linger: asyncio.TimerHandle | None = None
         self._read_deadline: asyncio.TimerHandle | None = None
         self._partial = False  # a request begun and not yet complete
@@ -190,36 +233,36 @@ class HttpConnection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and len(peer) >= 2:
             self._peer = Address(str(peer[0]), int(peer[1]))
+            self._source = self._peer.host
         shared = self._shared
-        if shared.max_connections is not None and len(shared.open) >= shared.max_connections:
-            self._refuse_connection()
+        refused = shared.admit(self, self._source)
+        if refused is not None:
+            self._refuse_connection(refused)
             return
-        shared.open.add(self)
         if shared.closing:
             transport.close()
             return
         self._wait_idle()
+        self._head_deadline = self._loop.call_later(HEAD_READ_S, self._head_too_slow)
 
-    def _refuse_connection(self) -> None:
-        """Over the connection cap: one fixed 503, then close, before reading a
+    def _refuse_connection(self, message: str) -> None:
+        """Over a connection cap: one fixed 503, then close, before reading a
         byte (a connection costs nothing more than this)."""
         self._broken = True
         transport = self._transport
         self._transport = None
         if transport is None:
             return
-        response, request_id = self._shared.refuse(
-            503, "The server has too many open connections; retry shortly.", {}
-        )
+        response, request_id = self._shared.refuse(503, message, {})
         pending = _Pending("", b"", {}, b"", False)
         transport.write(self._head(response, pending, request_id, False) + response.body)
         transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._shared.open.discard(self)
+        self._shared.leave(self, self._source)
         self._gone.set()  # parked waiters see that their caller left (Request.gone)
         self._stop_idle_timer()
-        for timer in (self._linger, self._read_deadline, self._stall_timer):
+        for timer in (self._linger, self._read_deadline, self._stall_timer, self._head_deadline):
             if timer is not None:
                 timer.cancel()
         self._queue.clear()
@@ -253,6 +296,8 @@ class HttpConnection(asyncio.Protocol):
             # Only a request that spans reads gets a deadline: most arrive
             # whole, and a timer per request would cost every one of them.
             self._read_deadline = self._loop.call_later(REQUEST_READ_S, self._read_too_slow)
+        if self._head_pending and self._head_deadline is None and not self._broken:
+            self._head_deadline = self._loop.call_later(HEAD_READ_S, self._head_too_slow)
 
     def _parse(self, data: memoryview) -> None:
         try:
@@ -296,6 +341,7 @@ class HttpConnection(asyncio.Protocol):
     # --- httptools callbacks ------------------------------------------------
     def on_message_begin(self) -> None:
         self._partial = True
+        self._head_pending = True
         self._continue_owed = False
         self._url = b""
         self._headers = {}
@@ -340,6 +386,10 @@ class HttpConnection(asyncio.Protocol):
         return False
 
     def on_headers_complete(self) -> None:
+        self._head_pending = False
+        if self._head_deadline is not None:
+            self._head_deadline.cancel()
+            self._head_deadline = None
         if self._repeated or (
             "host" not in self._headers and self._parser.get_http_version() == "1.1"
         ):
@@ -537,17 +587,17 @@ class HttpConnection(asyncio.Protocol):
         # One timer per connection, armed once and moved on when it fires
         # early, rather than a timer made and cancelled for every request
         # (that churn was 2 % of a busy server's CPU).
-        self._idle_since = self._loop.time()
+        self.idle_since = self._loop.time()
         if self._idle_timer is None:
             self._idle_timer = self._loop.call_later(KEEP_ALIVE_S, self._idle_timeout)
 
     def _not_idle(self) -> None:
         """Not idle (a request is being served): the armed timer finds that
         when it fires, and waits for the next idle spell."""
-        self._idle_since = None
+        self.idle_since = None
 
     def _stop_idle_timer(self) -> None:
-        self._idle_since = None
+        self.idle_since = None
         if self._idle_timer is not None:
             self._idle_timer.cancel()
             self._idle_timer = None
@@ -557,11 +607,26 @@ class HttpConnection(asyncio.Protocol):
         if self._transport is not None and not self._broken:
             self._transport.close()
 
+    def _head_too_slow(self) -> None:
+        """No whole request head within HEAD_READ_S: of a connection's first
+        request, or of one begun and stalled (a request being answered, or
+        one already whole, is never cut off here)."""
+        self._head_deadline = None
+        if self._head_pending and not self.busy and not self._queue \
+                and self._transport is not None:
+            self._transport.close()
+
+    def make_room(self) -> None:
+        """Closed, idle, to admit a new connection at the cap."""
+        if self._transport is not None:
+            self._transport.close()
+        self._shared.leave(self, self._source)  # counted out now: the newcomer takes its place
+
     def _idle_timeout(self) -> None:
         self._idle_timer = None
-        if self._idle_since is None:
+        if self.idle_since is None:
             return  # busy: the next idle spell arms the timer again
-        left = self._idle_since + KEEP_ALIVE_S - self._loop.time()
+        left = self.idle_since + KEEP_ALIVE_S - self._loop.time()
         if left > 0:  # active since the timer was armed
             self._idle_timer = self._loop.call_later(left, self._idle_timeout)
         elif not self.busy and not self._queue and self._transport is not None:
