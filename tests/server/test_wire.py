@@ -509,6 +509,9 @@ class FakeTransport(asyncio.Transport):
     def is_closing(self) -> bool:
         return self.closed
 
+    def get_write_buffer_size(self) -> int:
+        return 0  # everything written goes out at once
+
     def can_write_eof(self) -> bool:
         return False  # no half-close: the connection closes at once after a 413
 

@@ -108,6 +108,11 @@ class WorkerCount(click.ParamType[int]):
               help="Open connections one client address may hold at once; 0 for no cap. "
                    "Addresses in --trusted-proxies are not capped (they speak for many "
                    "clients: cap per client in the proxy).")
+@click.option("--max-output-buffer", envvar="FENCEPOST_MAX_OUTPUT_BUFFER", default=128,
+              show_default=True, type=click.IntRange(0, 1_000_000), metavar="MIB",
+              help="MiB of answers waiting for clients that do not read them, all "
+                   "connections together; past it the connections holding the most are "
+                   "cut off. 0 for no budget.")
 @click.option("--tls-cert", envvar="FENCEPOST_TLS_CERT", default=None, metavar="PEM",
               help="Serve HTTPS with this certificate (chain) file; needs --tls-key.")
 @click.option("--tls-key", envvar="FENCEPOST_TLS_KEY", default=None, metavar="PEM",
@@ -127,6 +132,7 @@ def serve(
     tls_key: str | None, drain_seconds: float, event_log: str | None,
     metrics_key: str | None, workers: int, store_timeout: float,
     require_sync_replication: bool, max_connections_per_source: int,
+    max_output_buffer: int,
 ) -> None:
     """Run the lock service."""
     configure_logging()
@@ -193,6 +199,7 @@ def serve(
         tls_key=tls_key, drain_seconds=drain_seconds, store_timeout=store_timeout,
         require_sync_replication=require_sync_replication,
         max_connections_per_source=max_connections_per_source,
+        max_output_buffer_mib=max_output_buffer,
     )
     if workers == 1:
         launch(options, on_ready=ready, on_bootstrap=announce)

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from fencepost.server.app import AppConfig, create_app
 from fencepost.server.runner import serve, tls_context
-from fencepost.server.wire import DEFAULT_MAX_PER_SOURCE
+from fencepost.server.wire import DEFAULT_MAX_PER_SOURCE, DEFAULT_OUTPUT_BUDGET
 from fencepost.store import make_store
 
 
@@ -35,6 +35,7 @@ class ServeOptions:
     drain_seconds: float = 0.0
     store_timeout: float | None = None  # None: the store's default (SPEC §6)
     max_connections_per_source: int = DEFAULT_MAX_PER_SOURCE
+    max_output_buffer_mib: int = DEFAULT_OUTPUT_BUDGET // 2**20
     require_sync_replication: bool = False
 
     def to_json(self) -> dict[str, Any]:
@@ -77,4 +78,5 @@ def launch(
           tls, on_ready=on_ready, drain_seconds=options.drain_seconds,
           reuse_port=worker is not None,
           stop_signals=() if worker else (signal.SIGTERM, signal.SIGINT), stop_fd=stop_fd,
-          max_per_source=options.max_connections_per_source)
+          max_per_source=options.max_connections_per_source,
+          output_budget=options.max_output_buffer_mib * 2**20)

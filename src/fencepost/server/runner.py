@@ -13,7 +13,12 @@ from typing import Any, Callable, Coroutine
 
 from fencepost.server.app import App
 from fencepost.server.proxies import TrustedProxies
-from fencepost.server.wire import DEFAULT_MAX_PER_SOURCE, REQUEST_READ_S, Connections
+from fencepost.server.wire import (
+    DEFAULT_MAX_PER_SOURCE,
+    DEFAULT_OUTPUT_BUDGET,
+    REQUEST_READ_S,
+    Connections,
+)
 
 # In-flight requests get this long to finish after SIGTERM.
 GRACEFUL_SHUTDOWN_S = 10.0
@@ -30,6 +35,7 @@ def serve(
     on_ready: Callable[[int], None] | None = None, drain_seconds: float = 0.0,
     reuse_port: bool = False, stop_signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT),
     stop_fd: int | None = None, max_per_source: int | None = DEFAULT_MAX_PER_SOURCE,
+    output_budget: int | None = DEFAULT_OUTPUT_BUDGET,
 ) -> None:
     """Run until SIGTERM/SIGINT (exit 0 after a graceful stop); exit 1, after one
     line on stderr, when the address cannot be bound or the store cannot be
@@ -46,9 +52,10 @@ def serve(
     (the supervisor is gone) as one too."""
     proxies = TrustedProxies(list(trusted_proxies or []))
     cap = connection_cap(max_connections)
+    return_freed_memory()
     try:
         ok = _run(_serve(app, host, port, proxies, cap, tls, on_ready, drain_seconds,
-                         reuse_port, stop_signals, stop_fd, max_per_source))
+                         reuse_port, stop_signals, stop_fd, max_per_source, output_budget))
     except KeyboardInterrupt:  # a second Ctrl-C while stopping
         ok = True
     if not ok:
@@ -61,6 +68,24 @@ def _run(main: Coroutine[Any, Any, bool]) -> bool:
     except ImportError:  # not on every platform; the stock loop works, slower
         return asyncio.run(main)
     return uvloop.run(main)
+
+
+def return_freed_memory() -> None:
+    """glibc serves a large allocation (an answer of megabytes) from mmap and
+    gives it back when it is freed, but after each such free it raises the
+    size it maps from (up to 32 MB), so later large answers come from the heap,
+    which it seldom gives back: a burst of clients that never read left the
+    server hundreds of MB larger for good. A fixed threshold keeps large
+    buffers mapped, and returned when freed. Nothing elsewhere (another libc)."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
+
+
+_M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
+_MMAP_THRESHOLD_BYTES = 256 * 1024
 
 
 def connection_cap(requested: int | None) -> int:
@@ -106,9 +131,11 @@ async def _serve(
     drain_seconds: float = 0.0, reuse_port: bool = False,
     stop_signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT),
     stop_fd: int | None = None, max_per_source: int | None = None,
+    output_budget: int | None = None,
 ) -> bool:
     loop = asyncio.get_running_loop()
-    connections = Connections(app.handle, app.refuse, proxies, max_connections, max_per_source)
+    connections = Connections(app.handle, app.refuse, proxies, max_connections, max_per_source,
+                              output_budget)
     # The address first: a busy port must fail before the store is opened (and,
     # on an empty store, before a bootstrap key is made). Connections are
     # accepted only once the store is open.

@@ -51,6 +51,12 @@ REQUEST_READ_S = 30.0
 HEAD_READ_S = 10.0
 # Connections one source address may hold at once, by default.
 DEFAULT_MAX_PER_SOURCE = 256
+# Answers waiting for clients that do not read, all connections together
+# (SPEC §7.7): past it, the connections with the most unread output are cut off.
+# 600 clients that never read a 1.5 MB answer each held 830 MB without it.
+DEFAULT_OUTPUT_BUDGET = 128 * 1024 * 1024
+# A body at least this large goes out beside its head, not copied after it.
+_LARGE_BODY = 64 * 1024
 # After a 413 the rest of the body is read and dropped, up to this much and
 # this long, so that the client reads the answer instead of a reset (closing
 # a socket with unread input resets it, and the reset destroys the answer).
@@ -114,6 +120,7 @@ class Connections:
     def __init__(
         self, handle: Handle, refuse: Refusal, proxies: TrustedProxies,
         max_connections: int | None = None, max_per_source: int | None = None,
+        output_budget: int | None = DEFAULT_OUTPUT_BUDGET,
     ) -> None:
         self.handle = handle
         self.refuse = refuse
@@ -123,6 +130,9 @@ class Connections:
         self.date = _DateHeader()
         self.open: set[HttpConnection] = set()
         self.per_source: collections.Counter[str] = collections.Counter()
+        self.output_budget = output_budget  # None or 0: no global budget
+        # Connections whose last answer did not all go out at once.
+        self.backlogged: set[HttpConnection] = set()
         self.closing = False
         self.aborted = False  # stop waiting for busy connections
 
@@ -159,7 +169,35 @@ class Connections:
         self.per_source[source] += 1
         return None
 
+    def owe(self, connection: HttpConnection) -> None:
+        """`connection` holds unsent output: keep all such output within the
+        budget by cutting off the connections holding the most (the furthest
+        over an even share), largest first. Only answers that did not go out
+        at once get here, so a client that reads costs nothing."""
+        budget = self.output_budget
+        if not budget:
+            return
+        self.backlogged.add(connection)
+        held: list[tuple[int, HttpConnection]] = []
+        total = 0
+        for each in list(self.backlogged):
+            size = each.unsent()
+            if size <= 0:
+                self.backlogged.discard(each)
+                continue
+            held.append((size, each))
+            total += size
+        if total <= budget:
+            return
+        for size, each in sorted(held, key=lambda entry: entry[0], reverse=True):
+            each.abort()
+            self.backlogged.discard(each)
+            total -= size
+            if total <= budget:
+                return
+
     def leave(self, connection: HttpConnection, source: str) -> None:
+        self.backlogged.discard(connection)
         if connection in self.open:
             self.open.discard(connection)
             self.per_source[source] -= 1
@@ -496,7 +534,13 @@ class HttpConnection(asyncio.Protocol):
             return  # the client left; nobody to answer
         keep_alive = pending.keep_alive and not self._close_after and not self._shared.closing
         out = self._head(response, pending, request_id, keep_alive)
-        transport.write(out if head else out + response.body)
+        body = b"" if head else response.body
+        if len(body) >= _LARGE_BODY:
+            transport.writelines((out, body))  # no second copy of a large body
+        else:
+            transport.write(out + body if body else out)
+        if transport.get_write_buffer_size():
+            self._shared.owe(self)
         self.busy = False
         if not keep_alive:
             self._close(transport)
@@ -640,3 +684,9 @@ class HttpConnection(asyncio.Protocol):
     def abort(self) -> None:
         if self._transport is not None:
             self._transport.abort()
+
+    def unsent(self) -> int:
+        """Bytes of answers written and not yet taken by the socket."""
+        transport = self._transport
+        return 0 if transport is None or transport.is_closing() else \
+            transport.get_write_buffer_size()
