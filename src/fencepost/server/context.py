@@ -3,12 +3,14 @@ checked it (the caller's key, the path names, the declared headers, the body).""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from fencepost.events import Events
 from fencepost.server.access_log import AccessLog, AcquireLog
 from fencepost.server.auth import Authenticator, Principal
+from fencepost.server.listing import list_turns
 from fencepost.server.messages import Request
 from fencepost.server.metrics import Metrics
 from fencepost.server.waiting import WaitRoom
@@ -31,6 +33,8 @@ class Services:
     metrics_key: str | None  # when set, GET /metrics needs `Bearer <it>`
     shutting_down: bool = False  # /readyz turns 503 at once on SIGTERM
     worker: int | None = None  # this process's number among `serve --workers N`'s
+    # Turns at building list answers, which are large (listing.LISTS_AT_ONCE).
+    lists: asyncio.Semaphore = field(default_factory=list_turns)
 
 
 class Call(Generic[B]):

@@ -73,8 +73,9 @@ async def refresh_key(call: Call[schemas.RefreshKeyBody | None]) -> Response:
 
 
 async def list_keys(call: Call[None]) -> Response:
-    records = await call.services.store.list_keys(call.caller.project)
-    return json_response(200, schemas.KeyList(keys=[key_info(r) for r in records]))
+    async with call.services.lists:  # unpaged: every key of the project
+        records = await call.services.store.list_keys(call.caller.project)
+        return json_response(200, schemas.KeyList(keys=[key_info(r) for r in records]))
 
 
 async def revoke_key(call: Call[None]) -> Response:

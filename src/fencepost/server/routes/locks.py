@@ -307,9 +307,13 @@ async def fence_check(call: Call[None]) -> Response:
 
 async def list_locks(call: Call[None]) -> Response:
     prefix, after, limit = list_query(call.request)
-    fetched = await call.services.store.list_locks(call.caller.project, prefix, after, limit + 1)
-    views, cursor = page(fetched, limit, lambda v: v.key)
-    return json_response(200, schemas.LockList(locks=[lock_state(v) for v in views], next=cursor))
+    async with call.services.lists:
+        fetched = await call.services.store.list_locks(
+            call.caller.project, prefix, after, limit + 1
+        )
+        views, cursor = page(fetched, limit, lambda v: v.key)
+        return json_response(200, schemas.LockList(locks=[lock_state(v) for v in views],
+                                                   next=cursor))
 
 
 async def force_release(call: Call[None]) -> Response:

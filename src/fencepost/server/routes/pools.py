@@ -114,9 +114,13 @@ async def get_pool(call: Call[None]) -> Response:
 
 async def list_pools(call: Call[None]) -> Response:
     prefix, after, limit = list_query(call.request)
-    fetched = await call.services.store.list_pools(call.caller.project, prefix, after, limit + 1)
-    views, cursor = page(fetched, limit, lambda v: v.name)
-    return json_response(200, schemas.PoolList(pools=[pool_state(v) for v in views], next=cursor))
+    async with call.services.lists:
+        fetched = await call.services.store.list_pools(
+            call.caller.project, prefix, after, limit + 1
+        )
+        views, cursor = page(fetched, limit, lambda v: v.name)
+        return json_response(200, schemas.PoolList(pools=[pool_state(v) for v in views],
+                                                   next=cursor))
 
 
 async def list_slots(call: Call[None]) -> Response:
