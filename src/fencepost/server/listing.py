@@ -4,11 +4,11 @@ how many of their answers are built at once."""
 from __future__ import annotations
 
 import asyncio
-from typing import Callable, TypeVar
+from typing import Awaitable, Callable, TypeVar
 
 from fencepost.core.names import is_valid_name
 from fencepost.errors import ValidationError
-from fencepost.server.messages import Request
+from fencepost.server.messages import Request, Response
 
 T = TypeVar("T")
 # List answers built at once per process (SPEC §7.7: memory stays bounded
@@ -63,6 +63,19 @@ def no_query(request: Request) -> None:
 def list_turns() -> asyncio.Semaphore:
     """One app's turns at building list answers (LISTS_AT_ONCE)."""
     return asyncio.Semaphore(LISTS_AT_ONCE)
+
+
+async def one_page(
+    request: Request, turns: asyncio.Semaphore,
+    fetch: Callable[[str, str | None, int], Awaitable[list[T]]],
+    name_of: Callable[[T], str], answer: Callable[[list[T], str | None], Response],
+) -> Response:
+    """The page the request's query asks for: `fetch(prefix, after, count)`
+    reads it, `answer(items, next cursor)` encodes it, in one of `turns`."""
+    prefix, after, limit = list_query(request)
+    async with turns:
+        items, cursor = page(await fetch(prefix, after, limit + 1), limit, name_of)
+        return answer(items, cursor)
 
 
 def page(fetched: list[T], limit: int, name_of: Callable[[T], str]) -> tuple[list[T], str | None]:

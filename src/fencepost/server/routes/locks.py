@@ -25,7 +25,7 @@ from fencepost.server import schemas
 from fencepost.server.context import Call
 from fencepost.server.fence_query import fence_token
 from fencepost.server.http import json_response
-from fencepost.server.listing import list_query, no_query, page
+from fencepost.server.listing import no_query, one_page
 from fencepost.server.messages import Response
 from fencepost.server.validation import invalid_field
 from fencepost.server.waiting import WAITER_ALIVE_MS, Outcome, Place, wait_for_grant
@@ -306,14 +306,14 @@ async def fence_check(call: Call[None]) -> Response:
 
 
 async def list_locks(call: Call[None]) -> Response:
-    prefix, after, limit = list_query(call.request)
-    async with call.services.lists:
-        fetched = await call.services.store.list_locks(
-            call.caller.project, prefix, after, limit + 1
-        )
-        views, cursor = page(fetched, limit, lambda v: v.key)
-        return json_response(200, schemas.LockList(locks=[lock_state(v) for v in views],
-                                                   next=cursor))
+    project = call.caller.project
+    return await one_page(
+        call.request, call.services.lists,
+        lambda prefix, after, count: call.services.store.list_locks(project, prefix, after, count),
+        lambda view: view.key,
+        lambda views, cursor: json_response(
+            200, schemas.LockList(locks=[lock_state(v) for v in views], next=cursor)),
+    )
 
 
 async def force_release(call: Call[None]) -> Response:

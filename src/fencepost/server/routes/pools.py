@@ -20,7 +20,7 @@ from fencepost.server import schemas
 from fencepost.server.access_log import AcquireLog
 from fencepost.server.context import Call
 from fencepost.server.http import json_response
-from fencepost.server.listing import list_query, no_query, page
+from fencepost.server.listing import no_query, one_page
 from fencepost.server.messages import Response
 from fencepost.server.waiting import WAITER_ALIVE_MS, Outcome, Place, wait_for_grant
 from fencepost.store.base import PoolView, SlotAttempt, SlotReport, Store
@@ -113,14 +113,14 @@ async def get_pool(call: Call[None]) -> Response:
 
 
 async def list_pools(call: Call[None]) -> Response:
-    prefix, after, limit = list_query(call.request)
-    async with call.services.lists:
-        fetched = await call.services.store.list_pools(
-            call.caller.project, prefix, after, limit + 1
-        )
-        views, cursor = page(fetched, limit, lambda v: v.name)
-        return json_response(200, schemas.PoolList(pools=[pool_state(v) for v in views],
-                                                   next=cursor))
+    project = call.caller.project
+    return await one_page(
+        call.request, call.services.lists,
+        lambda prefix, after, count: call.services.store.list_pools(project, prefix, after, count),
+        lambda view: view.name,
+        lambda views, cursor: json_response(
+            200, schemas.PoolList(pools=[pool_state(v) for v in views], next=cursor)),
+    )
 
 
 async def list_slots(call: Call[None]) -> Response:
