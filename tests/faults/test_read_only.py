@@ -175,3 +175,28 @@ def test_a_postgresql_role_whose_write_privileges_are_revoked_gets_503(
         finally:
             admin.execute(f"DROP OWNED BY {role}")
             admin.execute(f"DROP ROLE {role}")
+
+
+def test_an_immutable_shared_memory_file_is_refused_not_a_crash(
+    servers: Callable[..., ServerProcess], immutable: Callable[[list[Path]], None]
+) -> None:
+    """The WAL index (-shm) is written through a shared mapping: made immutable,
+    the next write through it would kill the server with SIGBUS. Every request
+    that needs the store gets 503 instead, /readyz is off, the process lives on,
+    and service resumes once the file may be written again."""
+    server = servers("server")
+    shm = Path(f"{server.db_path}-shm")
+    granted = grant_some(server, 2)
+    for _ in range(ROUNDS):
+        immutable([shm])
+        assert_unavailable(acquire(server, unique_name("refused"), new_token()))
+        with server.client() as c:  # reads too: a reader writes its read mark there
+            key, _ = granted[0]
+            assert c.get(f"/v1/locks/{key}").status_code == 503
+        wait_until(lambda: get(server, "/readyz").status_code == 503, "/readyz to turn off")
+        assert server.proc is not None and server.proc.poll() is None, "the server died"
+        chattr("-i", shm)
+        wait_until(lambda: get(server, "/readyz").status_code == 200, "/readyz to come back")
+        granted += grant_some(server, 2)
+    assert server.proc is not None and server.proc.poll() is None
+    assert "Traceback" not in server.stderr_path.read_text()

@@ -10,8 +10,10 @@ what it opened, after every batch, and once they differ it refuses everything
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
+import struct
 import threading
 
 _log = logging.getLogger(__name__)
@@ -74,3 +76,44 @@ class FileGuard:
                     return f"{name} was truncated ({stat.st_size} bytes, was {self._largest})"
                 self._largest = stat.st_size
         return None
+
+
+# ioctl(2) FS_IOC_GETFLAGS (_IOR('f', 1, long)) and the flags that forbid
+# writing a file whatever its mode (linux/fs.h). The kernel writes an int.
+_FS_IOC_GETFLAGS = 0x80086601
+_FS_UNWRITABLE = 0x10 | 0x20  # FS_IMMUTABLE_FL, FS_APPEND_FL
+
+
+class SharedMemoryGuard:
+    """The WAL index (`-shm`) is mapped into every process that uses the store,
+    and written through the mapping by readers and writers alike. Once the
+    file is made immutable or append-only (`chattr +i`), the first write
+    through the mapping kills the process with SIGBUS, which no error handling
+    can catch. So every batch first asks the file's flags (one ioctl on a
+    descriptor kept open) and is refused with 503 while they forbid writing;
+    service resumes once they allow it again. The check and the batch's
+    writes are not one atomic step: a flag set in the microseconds between
+    them still kills the process (decisions.md, "SQLite's shared memory")."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path + "-shm"
+        self._fd: int | None = None
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def unwritable(self) -> bool:
+        fd = self._fd
+        if fd is None:
+            try:
+                fd = self._fd = os.open(self._path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                return False  # not made yet: SQLite makes it writable
+        try:
+            answer = fcntl.ioctl(fd, _FS_IOC_GETFLAGS, bytes(8))
+        except OSError:
+            return False  # a filesystem without such flags cannot set them either
+        (flags,) = struct.unpack_from("i", answer)
+        return bool(flags & _FS_UNWRITABLE)

@@ -16,7 +16,7 @@ from fencepost.errors import StoreUnavailable
 from fencepost.store.base import Freed
 from fencepost.store.batch import Cursor
 from fencepost.store.checkpoints import Checkpointer
-from fencepost.store.file_guard import FileGuard
+from fencepost.store.file_guard import FileGuard, SharedMemoryGuard
 from fencepost.store.local_peers import LocalPeers
 from fencepost.store.migrate import apply_migrations
 from fencepost.store.sql_store import DEFAULT_READERS, SqlStore
@@ -58,6 +58,7 @@ class SqliteEngine:
         self.path = path
         self.clock_ms = clock_ms
         self.guard = FileGuard(path)
+        self.shared_memory = SharedMemoryGuard(path)
         self.peers = peers or LocalPeers()  # unbound: a lone engine tells nobody
         self.turn = WriterTurn(path)
         self._wal: int | None = None  # a descriptor of the WAL, for `sync`
@@ -91,6 +92,7 @@ class SqliteEngine:
         if self._wal is not None:
             os.close(self._wal)
             self._wal = None
+        self.shared_memory.close()
 
     def close(self, conn: sqlite3.Connection) -> None:
         conn.close()
@@ -120,6 +122,11 @@ class SqliteEngine:
         # WAL snapshot and never block the writer. The write lock covers every
         # key (one writer at a time), so `keys` need no lock of their own.
         self._refuse_if_lost()
+        if self.shared_memory.unwritable():
+            raise StoreUnavailable(
+                f"{self.path}-shm may not be written (immutable or append-only): the store "
+                f"refuses every request until it may, rather than crash on it."
+            )
         if exclusive:
             # Among this file's server processes (see writer_turn.py); the
             # inline writer took it before it began, without waiting.
