@@ -138,3 +138,21 @@ def test_successors_share_the_quota_of_their_chain(server: ServerProcess) -> Non
     assert whoami(server, original["key"]).status_code == 429
     # A refresh cannot mint a fresh budget either: it is itself over quota.
     assert refresh(server, original["key"]).status_code == 429
+
+
+def test_a_key_refreshes_at_most_once_a_minute(server: ServerProcess) -> None:
+    """A key that refreshes itself in a loop mints one successor a minute, not
+    hundreds (SPEC §5); its successor is a key of its own."""
+    original = server.create_key("reader", name=unique_name("looping"),
+                                 expires_in_seconds=3600)
+    first = refresh(server, original["key"])
+    assert first.status_code == 201, first.text
+    again = refresh(server, original["key"])
+    assert again.status_code == 429, again.text
+    assert again.json()["error"]["code"] == "quota_exceeded"
+    assert 1 <= int(again.headers["Retry-After"]) <= 60
+    with server.client() as admin:
+        minted = [k for k in admin.get("/v1/keys").json()["keys"]
+                  if k["name"] == original["name"]]
+    assert len(minted) == 2  # the original and its one successor
+    assert refresh(server, first.json()["key"]).status_code == 201

@@ -16,10 +16,10 @@ from fencepost.core.keys import (
     successor_lifetime_ms,
 )
 from fencepost.core.quota import RateGate
-from fencepost.errors import Conflict, Unauthorized, ValidationError
+from fencepost.errors import Conflict, QuotaExceeded, Unauthorized, ValidationError
 from fencepost.events import KeyChanged
 from fencepost.store.base import KeyRecord, NewKey
-from fencepost.store.batch import Tx
+from fencepost.store.batch import Refused, Tx
 from fencepost.store.sql.rows import columns
 
 
@@ -115,9 +115,14 @@ def _insert(tx: Tx, record: KeyRecord) -> KeyRecord:
     return record
 
 
+# A key mints at most one successor in this long (SPEC §5): a key that
+# refreshes itself in a loop fills the table with siblings otherwise.
+REFRESH_EVERY_MS = 60_000
+
+
 def refresh_key(
     tx: Tx, pepper: bytes, key_id: str, expires_in_ms: int | None, secret: str
-) -> KeyRecord:
+) -> KeyRecord | Refused:
     """Mint the successor of `key_id` (SPEC §5), decided on the row as it is
     now: a key revoked or expired a moment ago (still trusted by a replica's
     cache) cannot refresh, and a refresh and a revocation never interleave."""
@@ -133,6 +138,15 @@ def refresh_key(
         lifetime = successor_lifetime_ms(expires_in_ms, own, granted)
     except ValueError as exc:
         raise ValidationError([{"field": "expires_in_seconds", "message": str(exc)}]) from None
+    (last,) = tx.execute(
+        "SELECT max(created_ms) FROM api_keys WHERE parent_id = ?", (key_id,)
+    ).fetchone()
+    if last is not None and tx.now_ms - int(last) < REFRESH_EVERY_MS:
+        wait_ms = int(last) + REFRESH_EVERY_MS - tx.now_ms
+        return Refused(QuotaExceeded(
+            f"A key refreshes at most once a minute; this one may again in "
+            f"{(wait_ms + 999) // 1000} s.", retry_after_ms=wait_ms,
+        ))
     new = NewKey(caller.role, caller.name, lifetime, list(caller.allow_ips), caller.rpm_quota)
     return _insert(tx, _new_record(tx, pepper, caller.project, new, secret, granted, caller))
 
