@@ -69,7 +69,7 @@ def test_one_caller_pauses_a_pool_for_a_minute_at_most(server: ServerProcess) ->
             _release(bad, pool, slot)
             paused = _paused_for_ms(admin, pool)
             assert paused is not None and 0 < paused <= ONE_REPORTER_PAUSE_MS, paused
-        assert admin.post(f"/v1/pools/{pool}/lock/acquire").status_code == 429  # paused
+        # (An acquire now may be refused, or let through as the pause's probe.)
 
 
 def test_two_callers_agreeing_pause_it_as_long_as_they_say(server: ServerProcess) -> None:
