@@ -443,7 +443,8 @@ def test_list_keys_never_contains_secrets(server: ServerProcess) -> None:
     for created in made + [revoked]:
         listed = by_id[created["id"]]
         assert "key" not in listed, listed
-        assert set(listed) == (KEY_FIELDS - {"key"}) | {"revoked_at"}, listed
+        listed_fields = (KEY_FIELDS - {"key"}) | {"revoked_at", "refreshed_from", "state"}
+        assert set(listed) == listed_fields, listed
         for field in ("role", "name", "project", "expires_at", "allow_ips", "rpm_quota",
                       "created_at"):
             assert listed[field] == created[field], field

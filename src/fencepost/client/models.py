@@ -259,6 +259,8 @@ class KeyInfo(Model, frozen=True, kw_only=True):
     rpm_quota: int | None = None
     created_at: datetime
     revoked_at: datetime | None = None
+    refreshed_from: str | None = None  # the key this one was minted from
+    state: str = "active"  # active, expired, retired or revoked
 
 
 class CreatedKey(Model, frozen=True, kw_only=True):

@@ -502,20 +502,33 @@ def create_key(
     return _one(Call("POST", "/v1/keys", decode_as(CreatedKey), body=body, idempotent=False))
 
 
-def _decode_key_list(reply: Reply) -> list[KeyInfo]:
+def _decode_key_page(reply: Reply) -> tuple[list[KeyInfo], str | None]:
     body = parse_json(reply)
     if not isinstance(body, dict) or not isinstance(body.get("keys"), list):
         raise UnexpectedResponse("The server's key list has no 'keys'.", status=reply.status)
+    following = body.get("next")
     try:
-        return msgspec.convert(body["keys"], list[KeyInfo], strict=False)
+        keys = msgspec.convert(body["keys"], list[KeyInfo], strict=False)
     except msgspec.ValidationError as exc:
         raise UnexpectedResponse(f"The server's key list could not be read: {exc}.",
                                  status=reply.status) from None
+    return keys, following if isinstance(following, str) else None
+
+
+# Keys asked for per page while listing them all.
+_KEYS_PER_PAGE = 1000
 
 
 def list_keys() -> Op[list[KeyInfo]]:
-    """The project's API keys, without secrets (admin)."""
-    return _one(Call("GET", "/v1/keys", _decode_key_list))
+    """The project's API keys, without secrets (admin), every page of them."""
+    keys: list[KeyInfo] = []
+    after: str | None = None
+    while True:
+        params = {"limit": str(_KEYS_PER_PAGE), **({"after": after} if after else {})}
+        page, after = yield Call("GET", "/v1/keys", _decode_key_page, params=params)
+        keys += page
+        if after is None:
+            return keys
 
 
 def revoke_key(key_id: str) -> Op[bool]:

@@ -24,13 +24,16 @@ _LIST_PARAMS = {"prefix", "limit", "after"}
 _PREFIX_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-")
 
 
-def list_query(request: Request) -> tuple[str, str | None, int]:
-    """(prefix, after, limit); every bad or unknown parameter is named in one 422."""
+def list_query(
+    request: Request, allowed: frozenset[str] | set[str] = _LIST_PARAMS
+) -> tuple[str, str | None, int]:
+    """(prefix, after, limit); every bad or unknown parameter (one not
+    `allowed`) is named in one 422."""
     query = request.query_params
     details = [
         {"field": name, "message": "unknown query parameter"}
         for name in query.keys()
-        if name not in _LIST_PARAMS
+        if name not in allowed
     ]
     prefix = query.get("prefix", "")
     if len(prefix) > 128 or not set(prefix) <= _PREFIX_CHARS:
@@ -69,10 +72,11 @@ async def one_page(
     request: Request, turns: asyncio.Semaphore,
     fetch: Callable[[str, str | None, int], Awaitable[list[T]]],
     name_of: Callable[[T], str], answer: Callable[[list[T], str | None], Response],
+    allowed: frozenset[str] | set[str] = _LIST_PARAMS,
 ) -> Response:
     """The page the request's query asks for: `fetch(prefix, after, count)`
     reads it, `answer(items, next cursor)` encodes it, in one of `turns`."""
-    prefix, after, limit = list_query(request)
+    prefix, after, limit = list_query(request, allowed)
     async with turns:
         items, cursor = page(await fetch(prefix, after, limit + 1), limit, name_of)
         return answer(items, cursor)

@@ -260,6 +260,10 @@ class KeyInfo(msgspec.Struct):
     rpm_quota: int | None
     created_at: At
     revoked_at: At | None
+    refreshed_from: Annotated[
+        str | None, Meta(description="The key this one was minted from by a refresh.")
+    ] = None
+    state: Literal["active", "expired", "retired", "revoked"] = "active"
 
 
 class CreatedKey(msgspec.Struct):
@@ -276,6 +280,9 @@ class CreatedKey(msgspec.Struct):
 
 class KeyList(msgspec.Struct):
     keys: list[KeyInfo]
+    next: Annotated[
+        str | None, Meta(description="Pass as `after` for the next page; null on the last.")
+    ] = None
 
 
 class Revoked(msgspec.Struct):

@@ -321,7 +321,11 @@ class Store(Protocol):
 
     async def create_key(self, project: str, new: NewKey) -> tuple[KeyRecord, str]: ...
 
-    async def list_keys(self, project: str) -> list[KeyRecord]: ...
+    async def list_keys(
+        self, project: str, after: str | None = None, limit: int | None = None
+    ) -> list[KeyRecord]:
+        """The project's keys in creation order, from the one after the key
+        `after`, at most `limit`."""
 
     async def revoke_key(self, project: str, key_id: str) -> bool:
         """Revoke the key and every key minted from it by refresh, transitively.

@@ -218,8 +218,10 @@ class SqlStore:
         )
         return record, secret
 
-    async def list_keys(self, project: str) -> list[KeyRecord]:
-        return await self._read(lambda tx: keys.list_keys(tx, project))
+    async def list_keys(
+        self, project: str, after: str | None = None, limit: int | None = None
+    ) -> list[KeyRecord]:
+        return await self._read(lambda tx: keys.list_keys(tx, project, after, limit))
 
     async def revoke_key(self, project: str, key_id: str) -> bool:
         return await self._writer.run(

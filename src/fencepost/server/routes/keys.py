@@ -8,12 +8,21 @@ from fencepost.errors import NotFound
 from fencepost.server import schemas
 from fencepost.server.context import Call
 from fencepost.server.http import json_response
+from fencepost.server.listing import one_page
 from fencepost.server.messages import Response
 from fencepost.server.validation import invalid_field
 from fencepost.store.base import KeyRecord, NewKey
 
 
-def key_info(record: KeyRecord) -> schemas.KeyInfo:
+def _state(record: KeyRecord, now_ms: int) -> str:
+    if record.revoked_ms is not None:
+        return "revoked"
+    if record.expires_ms is not None and record.expires_ms <= now_ms:
+        return "expired"
+    return "active"
+
+
+def key_info(record: KeyRecord, now_ms: int | None = None) -> schemas.KeyInfo:
     return schemas.KeyInfo(
         id=record.id,
         role=record.role.label,  # type: ignore[arg-type]
@@ -24,6 +33,8 @@ def key_info(record: KeyRecord) -> schemas.KeyInfo:
         rpm_quota=record.rpm_quota,
         created_at=format_at(record.created_ms) or "",
         revoked_at=format_at(record.revoked_ms),
+        refreshed_from=record.parent_id,
+        state=_state(record, now_ms) if now_ms is not None else "active",  # type: ignore[arg-type]
     )
 
 
@@ -73,9 +84,19 @@ async def refresh_key(call: Call[schemas.RefreshKeyBody | None]) -> Response:
 
 
 async def list_keys(call: Call[None]) -> Response:
-    async with call.services.lists:  # unpaged: every key of the project
-        records = await call.services.store.list_keys(call.caller.project)
-        return json_response(200, schemas.KeyList(keys=[key_info(r) for r in records]))
+    store, project = call.services.store, call.caller.project
+    now_ms = await store.now_ms()
+    return await one_page(
+        call.request, call.services.lists,
+        lambda _, after, count: store.list_keys(project, after, count),
+        lambda record: record.id,
+        lambda records, cursor: json_response(200, schemas.KeyList(
+            keys=[key_info(r, now_ms) for r in records], next=cursor)),
+        allowed=_KEY_LIST_PARAMS,
+    )
+
+
+_KEY_LIST_PARAMS = frozenset({"limit", "after"})
 
 
 async def revoke_key(call: Call[None]) -> Response:

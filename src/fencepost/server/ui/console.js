@@ -485,7 +485,12 @@ async function loadKeys() {
   const body = $("keys-body");
   let list;
   try {
-    list = await api("GET", "v1/keys");
+    // Every page: a project may have more keys than one page holds.
+    list = await api("GET", "v1/keys?limit=1000");
+    while (list.next) {
+      const more = await api("GET", `v1/keys?limit=1000&after=${encodeURIComponent(list.next)}`);
+      list = { keys: [...list.keys, ...more.keys], next: more.next };
+    }
   } catch (error) {
     if (error.status !== 403) throw error;
     body.replaceChildren();

@@ -179,12 +179,22 @@ def create_project(tx: Tx, pepper: bytes, name: str) -> str:
     return secret
 
 
-def list_keys(tx: Tx, project: str) -> list[KeyRecord]:
-    rows = tx.execute(
-        f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE project = ? ORDER BY created_ms, id",
-        (project,),
-    ).fetchall()
-    return [_key_record(row) for row in rows]
+def list_keys(
+    tx: Tx, project: str, after: str | None = None, limit: int | None = None
+) -> list[KeyRecord]:
+    """The project's keys in the order they were made; from the one after the
+    key `after` (none when `after` is not one of the project's), at most `limit`."""
+    sql = f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE project = ?"
+    params: list[Any] = [project]
+    if after is not None:
+        sql += (" AND (created_ms, id) > "
+                "(SELECT created_ms, id FROM api_keys WHERE project = ? AND id = ?)")
+        params += [project, after]
+    sql += " ORDER BY created_ms, id"
+    if limit is not None:
+        sql += " LIMIT ?"
+        params.append(limit)
+    return [_key_record(row) for row in tx.execute(sql, tuple(params)).fetchall()]
 
 
 def revoke_key(tx: Tx, project: str, key_id: str) -> bool:
