@@ -700,15 +700,26 @@ class PatroniCluster:
 def patroni_cluster(listen: Iterable[str] = (), allow: Iterable[str] = (),
                     **timing: int) -> Iterator[PatroniCluster]:
     """A started PatroniCluster in a temporary folder (not pytest's tmp_path: that is private
-    to root, and the members run as postgres), stopped and removed on leaving."""
-    root = Path(tempfile.mkdtemp(prefix="fencepost-ha-"))
-    root.chmod(0o755)
-    try:
+    to root, and the members run as postgres), stopped and removed on leaving. A start that
+    fails is tried again, up to START_ATTEMPTS times, in a new folder on new ports: the
+    ports are chosen free, and another test process may take one before a member binds it."""
+    for attempt in range(1, START_ATTEMPTS + 1):
+        root = Path(tempfile.mkdtemp(prefix="fencepost-ha-"))
+        root.chmod(0o755)
         cluster = PatroniCluster(root, listen=listen, allow=allow, **timing)
-        cluster.start()
         try:
-            yield cluster
-        finally:
-            cluster.stop()
+            cluster.start()
+        except AssertionError:
+            shutil.rmtree(root, ignore_errors=True)
+            if attempt == START_ATTEMPTS:
+                raise
+            continue
+        break
+    try:
+        yield cluster
     finally:
+        cluster.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+START_ATTEMPTS = 3

@@ -83,7 +83,7 @@ def state(server: ServerProcess, name: str) -> dict[str, Any]:
 
 def key_listing(server: ServerProcess) -> list[dict[str, Any]]:
     with api(server) as c:
-        resp = c.get("/v1/keys")
+        resp = c.get("/v1/keys", params={"limit": "1000"})  # the largest page: all of them
     assert resp.status_code == 200, resp.text
     return list(resp.json()["keys"])
 

@@ -254,7 +254,8 @@ def test_b_cannot_revoke_a_key(project_a: Project, project_b: Project) -> None:
     assert resp.status_code == 404, resp.text
     assert resp.json()["error"]["code"] == "not_found"
     with project_a.client() as c:
-        listed = {k["id"]: k for k in c.get("/v1/keys").json()["keys"]}
+        page = c.get("/v1/keys", params={"limit": "1000"}).json()
+        listed = {k["id"]: k for k in page["keys"]}
     assert listed[a_key["id"]]["revoked_at"] is None
     with project_a.client(a_key["key"]) as c:
         assert c.get("/v1/whoami").status_code == 200
@@ -294,7 +295,7 @@ def test_cli_created_project_admin_cannot_touch_default(server: ServerProcess,
     assert other.admin_key != server.admin_key
     with other.client() as c:
         me = c.get("/v1/whoami").json()
-        keys = c.get("/v1/keys").json()["keys"]
+        keys = c.get("/v1/keys", params={"limit": "1000"}).json()["keys"]
     assert me["project"] == other.name
     assert [k["id"] for k in keys] == [me["key_id"]]
     assert all(k["project"] == other.name for k in keys)
