@@ -20,11 +20,27 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
 
 from support import ServerProcess, lock_headers
+
+
+def _started(work: Callable[[int], None], count: int) -> list[threading.Thread]:
+    """`count` daemon threads running `work(index)`."""
+    threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def _stopped(stop: threading.Event, threads: list[threading.Thread], timeout_s: float) -> None:
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=timeout_s)
+    assert not any(thread.is_alive() for thread in threads), "a worker hung"
 
 
 @dataclass
@@ -57,16 +73,10 @@ class LockLoad:
     _threads: list[threading.Thread] = field(default_factory=list)
 
     def start(self) -> None:
-        for index in range(self.workers):
-            thread = threading.Thread(target=self._work, args=(index,), daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        self._threads = _started(self._work, self.workers)
 
     def stop(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=self.client_timeout_s + 10)
-        assert not any(thread.is_alive() for thread in self._threads), "a worker hung"
+        _stopped(self._stop, self._threads, self.client_timeout_s + 10)
 
     def granted_since(self, instant: float) -> int:
         with self._lock:
@@ -200,16 +210,10 @@ class SlotLoad:
         with self.servers[0].client(timeout=self.client_timeout_s) as admin:
             made = admin.put(f"/v1/pools/{self.pool}", json={"limit": self.limit})
             assert made.status_code in (200, 201), made.text
-        for index in range(self.workers):
-            thread = threading.Thread(target=self._work, args=(index,), daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        self._threads = _started(self._work, self.workers)
 
     def stop(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=self.client_timeout_s + 10)
-        assert not any(thread.is_alive() for thread in self._threads), "a worker hung"
+        _stopped(self._stop, self._threads, self.client_timeout_s + 10)
 
     def _post(self, client: httpx.Client, url: str) -> httpx.Response | None:
         try:

@@ -137,3 +137,17 @@ async def sessions_gone(url: str, store: Any) -> None:
                 return
             await asyncio.sleep(0.02)
     raise AssertionError(f"the sessions of {name} are still there")
+
+
+@contextlib.contextmanager
+def server_on(store_kind: str, folder: Any) -> Iterator[Any]:
+    """A started `fencepost serve` on a fresh store of `store_kind` ("sqlite": a file
+    in `folder`; "postgresql": a migrated throwaway database), stopped afterwards:
+    for tests that run one case on both stores over HTTP."""
+    from support import ServerProcess
+
+    with contextlib.ExitStack() as stack:
+        store = stack.enter_context(migrated_database()) if store_kind == "postgresql" else None
+        started = ServerProcess(folder / store_kind, store=store).start()
+        stack.callback(started.stop)
+        yield started

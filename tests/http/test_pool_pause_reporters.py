@@ -5,7 +5,6 @@ as long as both say. On both stores, over HTTP, with two member keys."""
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -15,7 +14,7 @@ import httpx
 import pytest
 
 from fencepost.core.governor import MAX_PAUSE_MS, ONE_REPORTER_PAUSE_MS
-from pg_support import migrated_database
+from pg_support import server_on
 from support import ServerProcess, unique_name
 
 TEN_MINUTES = {"status": 429, "rate": {"remaining": 0, "reset_ms": 600_000}}
@@ -23,12 +22,7 @@ TEN_MINUTES = {"status": 429, "rate": {"remaining": 0, "reset_ms": 600_000}}
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ServerProcess]:
-    with contextlib.ExitStack() as stack:
-        store = None
-        if request.param == "postgresql":
-            store = stack.enter_context(migrated_database())
-        started = ServerProcess(tmp_path / request.param, store=store).start()
-        stack.callback(started.stop)
+    with server_on(request.param, tmp_path) as started:
         yield started
 
 

@@ -4,25 +4,19 @@ is not affected. On both stores, over HTTP."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from fencepost.core.sessions import MAX_LIVE_SESSIONS
-from pg_support import migrated_database
+from pg_support import server_on
 from support import ServerProcess
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ServerProcess]:
-    with contextlib.ExitStack() as stack:
-        store = None
-        if request.param == "postgresql":
-            store = stack.enter_context(migrated_database())
-        started = ServerProcess(tmp_path / request.param, store=store).start()
-        stack.callback(started.stop)
+    with server_on(request.param, tmp_path) as started:
         yield started
 
 
