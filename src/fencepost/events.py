@@ -148,8 +148,25 @@ class Refused:
     client_ip: str | None
 
 
+@dataclass(frozen=True, slots=True)
+class DatabaseChanged:
+    """A PostgreSQL store's connection reached a database other than the one
+    this process last wrote to (store/standing.py): `change` "new" (a promoted
+    standby, a new timeline: tokens floored above every one seen) or
+    "went_back" (a database behind one this process wrote to, written to
+    because no host that is not behind answered: an error). `before` and
+    `after` name the databases (system identifier:oid:timeline); `tokens_from`
+    is where the fencing tokens continue."""
+
+    change: str
+    before: str | None
+    after: str
+    tokens_from: int
+
+
 Event = (
     Granted | Ended | Lost | AcquireAttempt | KeyChanged | PoolChanged | SessionChanged | Refused
+    | DatabaseChanged
 )
 Subscriber = Callable[[Event], None]
 
@@ -171,6 +188,8 @@ class Events:
                 _log.exception("an event subscriber failed on %s", type(event).__name__)
 
     def from_store(self, event: object) -> None:
-        """The store's listener: grants, ends, and key, pool and session changes."""
-        if isinstance(event, (Granted, Ended, KeyChanged, PoolChanged, SessionChanged)):
+        """The store's listener: grants, ends, key, pool and session changes,
+        and the database changes it met."""
+        if isinstance(event, (Granted, Ended, KeyChanged, PoolChanged, SessionChanged,
+                              DatabaseChanged)):
             self.emit(event)

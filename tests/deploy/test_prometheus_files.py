@@ -34,7 +34,7 @@ def test_the_scrape_config_is_valid() -> None:
 def test_the_alert_rules_are_valid() -> None:
     out = promtool("check", "rules", "alerts.yml")
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "5 rules found" in out.stdout + out.stderr
+    assert "6 rules found" in out.stdout + out.stderr
 
 
 def test_the_alerts_fire_when_they_should_and_not_before() -> None:
@@ -45,7 +45,8 @@ def test_the_alerts_fire_when_they_should_and_not_before() -> None:
 def test_every_series_the_rules_use_is_exposed(tmp_path: Path) -> None:
     rules = (PROMETHEUS / "alerts.yml").read_text()
     used = set(re.findall(r"\b(fencepost_[a-z0-9_]*[a-z0-9])\b", rules))
-    assert {"fencepost_leases_overdue", "fencepost_store_up", "fencepost_pool_paused"} <= used
+    assert {"fencepost_leases_overdue", "fencepost_store_up", "fencepost_pool_paused",
+            "fencepost_store_database_changes_total"} <= used
     server = ServerProcess(tmp_path / "exposed").start()
     try:
         with server.client() as c:  # pool series exist once a pool does

@@ -346,9 +346,15 @@ class PatroniCluster:
     def pg_ports(self) -> list[int]:
         return [node.pg_port for node in self.nodes.values()]
 
-    def url(self, host: str = "127.0.0.1", database: str = "postgres") -> str:
-        """postgresql://postgres@H:P1,H:P2,H:P3/db?target_session_attrs=read-write"""
-        hosts = ",".join(f"{host}:{port}" for port in self.pg_ports)
+    def url(self, host: str = "127.0.0.1", database: str = "postgres",
+            first: str | None = None) -> str:
+        """postgresql://postgres@H:P1,H:P2,H:P3/db?target_session_attrs=read-write, member
+        `first` (if given) named first: libpq tries the hosts in order."""
+        ports = self.pg_ports
+        if first is not None:
+            ports = [self.nodes[first].pg_port, *(p for p in ports
+                                                   if p != self.nodes[first].pg_port)]
+        hosts = ",".join(f"{host}:{port}" for port in ports)
         return f"postgresql://postgres@{hosts}/{database}?target_session_attrs=read-write"
 
     def url_params(self, host: str = "127.0.0.1", database: str = "postgres") -> str:

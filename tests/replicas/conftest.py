@@ -9,6 +9,7 @@ import pytest
 from pg_private import PrivatePostgres, private_root
 
 from pg_support import temporary_database
+from replicas.standby_pair import Pair
 from support import WAKE_UPS_ONLY, ServerProcess, faketime_library, server_fleet
 
 
@@ -65,3 +66,15 @@ def private_pg() -> Iterator[PrivatePostgres]:
             yield pg
         finally:
             pg.stop()
+
+
+@pytest.fixture
+def pair() -> Iterator[Pair]:
+    """A primary and a standby streaming through a relay, the standby's clock
+    30 minutes behind (tests/replicas/standby_pair.py)."""
+    with private_root() as root:
+        made = Pair(root, standby_clock="-30m")
+        try:
+            yield made
+        finally:
+            made.stop()

@@ -18,9 +18,12 @@ from fencepost.store.standing import (
     NEW_DATABASE_MARGIN_US,
     SEQUENCES,
     TOKENS,
+    Change,
     Mode,
     Replication,
     Standing,
+    Written,
+    change_of,
     floored,
     floors_for,
     mode_of,
@@ -52,29 +55,92 @@ def _standing(identity: str, recorded: str | None, sequence: int, clock_ms: int,
 
 
 def test_the_same_database_floors_its_tokens_at_its_clock() -> None:
-    assert floors_for(_standing("s:5:1", "s:5:1", 10, 1_000), {}) == {TOKENS: 1_000_000}
+    same = Change.SAME
+    assert floors_for(_standing("s:5:1", "s:5:1", 10, 1_000), {}, same) == {TOKENS: 1_000_000}
     # A store from before names were recorded: the database last written to.
-    assert floors_for(_standing("s:5:1", None, 10, 1_000), {TOKENS: 10**12}) == {
+    assert floors_for(_standing("s:5:1", None, 10, 1_000), {TOKENS: 10**12}, same) == {
         TOKENS: 1_000_000}
-    assert not floored(_standing("s:5:1", "s:5:1", 10, 1_000), {})
-    assert floored(_standing("s:5:1", "s:5:1", 2_000_000, 1_000), {})
-    assert not floored(_standing("s:5:1", None, 2_000_000, 1_000), {})  # name to record
+    assert not floored(_standing("s:5:1", "s:5:1", 10, 1_000), {}, same)
+    assert floored(_standing("s:5:1", "s:5:1", 2_000_000, 1_000), {}, same)
+    assert not floored(_standing("s:5:1", None, 2_000_000, 1_000), {}, same)  # name to record
 
 
-def test_a_new_database_floors_every_sequence_above_all_known_plus_the_margin() -> None:
+@pytest.mark.parametrize("change", [Change.NEW, Change.BACK])
+def test_a_new_database_floors_every_sequence_above_all_known_plus_the_margin(
+        change: Change) -> None:
     clock_us = 1_000_000
     for sequence, high_water in [(5, 0), (10**9, 0), (5, 10**10), (10**10, 10**11)]:
         standing = _standing("s:5:2", "s:5:1", sequence, 1_000, tickets=3)
-        floors = floors_for(standing, {TOKENS: high_water, "lock_tickets": 10**13})
+        floors = floors_for(standing, {TOKENS: high_water, "lock_tickets": 10**13}, change)
         assert set(floors) == set(SEQUENCES)
         assert floors[TOKENS] == max(clock_us, sequence, high_water) + NEW_DATABASE_MARGIN_US
         assert floors["lock_tickets"] == 10**13 + NEW_DATABASE_MARGIN_US
         assert floors["slot_waiters_ticket_seq"] == clock_us + NEW_DATABASE_MARGIN_US
-        assert not floored(standing, {})
+        assert not floored(standing, {}, change)
     # Another cluster, another database in the cluster: new as well.
     assert _standing("t:5:1", "s:5:1", 5, 1_000).new
     assert _standing("s:6:1", "s:5:1", 5, 1_000).new
     assert not _standing("s:5:1", None, 5, 1_000).new
+
+
+def test_a_database_another_replica_floored_since_it_changed_is_not_floored_twice() -> None:
+    """Another replica floored it (and recorded its name) since this process
+    judged it new: its values carry that replica's margin; this process adds
+    its margin to what it has seen, not to the database's value again."""
+    standing = _standing("s:5:2", "s:5:2", 10**13, 1_000, tickets=10**13)
+    floors = floors_for(standing, {TOKENS: 10**12}, Change.NEW)
+    assert floors[TOKENS] == 10**12 + NEW_DATABASE_MARGIN_US < 10**13
+    assert floored(standing, {TOKENS: 10**12}, Change.NEW)
+    # Not so for a database behind: its own value may be a deposed primary's.
+    assert not floored(standing, {TOKENS: 10**12}, Change.BACK)
+
+
+def _written(*identities: str) -> Written:
+    written = Written()
+    for identity in identities:
+        written.record(identity)
+    return written
+
+
+def test_a_process_first_connection_goes_by_the_name_the_database_records() -> None:
+    assert change_of(_standing("s:5:1", "s:5:1", 10, 1), Written(), {}) is Change.SAME
+    assert change_of(_standing("s:5:1", None, 10, 1), Written(), {}) is Change.SAME
+    # A promoted standby holds the old primary's name.
+    assert change_of(_standing("s:5:2", "s:5:1", 10, 1), Written(), {}) is Change.NEW
+
+
+def test_the_database_last_written_to_is_the_same_unless_its_tokens_fell() -> None:
+    written = _written("s:5:2")
+    assert change_of(_standing("s:5:2", "s:5:2", 100, 1), written, {TOKENS: 100}) is Change.SAME
+    # Tokens below one this process has seen: it went back under the same name
+    # (a copy restored in place, say).
+    assert change_of(_standing("s:5:2", "s:5:2", 99, 1), written, {TOKENS: 100}) is Change.BACK
+
+
+def test_a_newer_timeline_or_another_database_of_the_cluster_is_new() -> None:
+    written = _written("s:5:1")
+    # A promoted standby: a newer timeline, its tokens behind (it lagged).
+    assert change_of(_standing("s:5:2", "s:5:1", 5, 1), written, {TOKENS: 100}) is Change.NEW
+    # Its own name recorded already (another replica floored it): still new here.
+    assert change_of(_standing("s:5:2", "s:5:2", 5, 1), written, {TOKENS: 100}) is Change.NEW
+    assert change_of(_standing("s:6:1", "s:6:1", 5, 1), written, {}) is Change.NEW
+
+
+def test_an_older_timeline_or_another_cluster_went_back() -> None:
+    """The deposed primary that wakes up (the process wrote to timeline 2 of
+    the cluster, and reaches timeline 1 again), or another cluster altogether,
+    whatever the database's own record says."""
+    written = _written("s:5:1", "s:5:2")
+    for standing in [_standing("s:5:1", "s:5:1", 10**15, 1),  # its record: its own name
+                     _standing("s:5:1", "s:5:2", 10**15, 1),
+                     _standing("t:5:3", "t:5:3", 10**15, 1)]:
+        assert change_of(standing, written, {}) is Change.BACK, standing
+    # The newest timeline of each cluster counts, not only the last written to.
+    assert change_of(_standing("s:5:1", "s:5:1", 1, 1), _written("s:5:2", "s:6:1"),
+                     {}) is Change.BACK
+    # After writing to it (no other host answered), it is the one last written to.
+    assert change_of(_standing("s:5:1", "s:5:1", 10**15, 1), _written("s:5:2", "s:5:1"),
+                     {}) is Change.SAME
 
 
 def _acquire(server: ServerProcess, key: str) -> int:
@@ -138,10 +204,13 @@ def test_a_database_with_another_name_recorded_is_floored_with_the_margin(
             server.stop()
 
 
-def test_a_reconnection_to_the_same_database_floors_at_its_clock(tmp_path: Path) -> None:
-    """A copy restored in place keeps its name: its sequence, set back, is
-    floored at the database clock when the server connects again, not only
-    when it starts (the copy's tokens lie below the clock)."""
+def test_a_database_whose_tokens_fall_under_a_running_server_went_back(
+        tmp_path: Path) -> None:
+    """The same database (the same name), its sequence set back under a
+    running server, as a copy restored in place would be: the server's next
+    connection finds tokens below ones it granted, floors them above every one
+    it has seen, and says so as an error: its log, the event log, the metric
+    and /readyz (`degraded`, still 200: the store serves)."""
     with migrated_database() as url:
         server = ServerProcess(tmp_path / "a", store=url).start()
         try:
@@ -150,8 +219,74 @@ def test_a_reconnection_to_the_same_database_floors_at_its_clock(tmp_path: Path)
                 conn.execute("SELECT setval('fencing_tokens', 1)")
             _cut_sessions(url)
             after = _acquire(server, "k")
+            assert after > before + NEW_DATABASE_MARGIN_US - 1_000_000, (before, after)
+            said = server.stderr_path.read_text()
+            assert "the store went back" in said and '"store.went_back"' in said, said[-2000:]
+            assert "did not last write to" not in said
+            with server.client() as client:
+                # Ready once a write commits after the sessions that were cut.
+                wait_for(lambda: client.get("/readyz").status_code == 200, timeout=10,
+                         interval=0.2)
+                ready = client.get("/readyz")
+                assert ready.status_code == 200, ready.text
+                body = ready.json()
+                assert body["status"] == "degraded", body
+                assert body["went_back"]["before"] == body["went_back"]["after"]
+                assert body["went_back"]["tokens_from"] >= before
+                metrics = client.get("/metrics").text
+            assert 'fencepost_store_database_changes_total{change="went_back"} 1.0' in metrics
+        finally:
+            server.stop()
+
+
+def test_a_token_drawn_below_one_seen_is_never_answered(tmp_path: Path) -> None:
+    """The sequence falls under the server's open connections (no reconnection
+    to judge it by): the transaction that draws a token at or below one the
+    server has seen is rolled back before its commit (503), every connection
+    is replaced, and the next one floors the tokens above every one seen."""
+    with migrated_database() as url:
+        server = ServerProcess(tmp_path / "a", store=url).start()
+        try:
+            before = [_acquire(server, f"k{i}") for i in range(3)]
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute("SELECT setval('fencing_tokens', 1)")
+            after = [_acquire(server, f"k{i}") for i in range(3)]
+            assert min(after) > max(before) + NEW_DATABASE_MARGIN_US - 1_000_000, (before, after)
+            said = server.stderr_path.read_text()
+            assert "drew fencing token" in said and "the store went back" in said, said[-2000:]
+            with psycopg.connect(url, autocommit=True) as conn:
+                # Nothing was committed with a fallen token (they fell to 2, 3, ...).
+                (low,) = conn.execute(
+                    "SELECT (SELECT count(*) FROM locks WHERE fencing_token < %s) + (SELECT "
+                    "count(*) FROM ended_leases WHERE fencing_token < %s)",
+                    (min(before), min(before))).fetchone()
+                (kept,) = conn.execute("SELECT count(*) FROM ended_leases").fetchone()
+            assert kept >= len(before) + len(after)  # the ends are remembered: the check sees them
+            assert low == 0
+        finally:
+            server.stop()
+
+
+def test_a_restart_on_a_copy_restored_in_place_floors_at_its_clock(tmp_path: Path) -> None:
+    """A process that never saw the lost tokens has only the clock to go by
+    (SPEC §7.8): the copy's tokens lie below it. Not an error: nothing it
+    granted is above them."""
+    with migrated_database() as url:
+        server = ServerProcess(tmp_path / "a", store=url).start()
+        try:
+            before = _acquire(server, "k")
+        finally:
+            server.stop()
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("SELECT setval('fencing_tokens', 1)")
+        server = ServerProcess(tmp_path / "b", store=url).start()
+        try:
+            after = _acquire(server, "k")
             assert after > before
             assert after >= (time.time() - 60) * 1_000_000
-            assert "did not last write to" not in server.stderr_path.read_text()
+            said = server.stderr_path.read_text()
+            assert "did not last write to" not in said and "went back" not in said
+            with server.client() as client:
+                assert client.get("/readyz").json()["status"] == "ok"
         finally:
             server.stop()

@@ -1,5 +1,6 @@
 """The event log: one JSON line per lease granted or ended, lease lost, key or
-pool changed, session started, ended or lost, and caller refused (the event hub's subscriber).
+pool changed, session started, ended or lost, caller refused, and database
+changed under a PostgreSQL store (the event hub's subscriber).
 
 Each line has `ts`, `"log": "event"`, `event`, and `request_id`, `project` and
 `key_id` of the request that caused it (null for what the reaper did). Never a
@@ -13,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from fencepost.events import (
+    DatabaseChanged,
     Ended,
     Event,
     Granted,
@@ -66,6 +68,9 @@ class EventLog:
                 else {}
             self._write(f"session.{event.action}", **_who(event.origin, event.project),
                         reason=event.reason, **counts)
+        elif isinstance(event, DatabaseChanged):
+            self._write(f"store.{event.change}", request_id=None, project=None, key_id=None,
+                        before=event.before, after=event.after, tokens_from=event.tokens_from)
         elif isinstance(event, Refused):
             self._write("caller.refused", request_id=event.request_id, project=event.project,
                         key_id=event.key_id, status=event.status, code=event.code,

@@ -40,6 +40,7 @@ from prometheus_client.registry import Collector
 
 from fencepost.events import (
     AcquireAttempt,
+    DatabaseChanged,
     Ended,
     Event,
     Granted,
@@ -117,6 +118,14 @@ class Metrics:
             "Sessions started, ended (the reaper included) and found lost by their holders' "
             "renewals, by this process, with the reason an end or loss had.",
             ["action", "reason"], registry=r)
+        self.database_changes = Counter(
+            "fencepost_store_database_changes",
+            "Databases a PostgreSQL store's connections reached other than the one this "
+            "process last wrote to: `new` (a failover; tokens floored above every one seen), "
+            "`went_back` (a database behind one written to, written to for want of another: "
+            "an error the operator should look into).", ["change"], registry=r)
+        for change in ("new", "went_back"):
+            self.database_changes.labels(change)  # 0 from the start, for alerts
         self.batch_size = Histogram(
             "fencepost_store_batch_size", "Operations per store batch (one transaction).",
             ["mode"], buckets=_BATCH_SIZE_BUCKETS, registry=r)
@@ -200,6 +209,8 @@ class Metrics:
             self.pool_changes.labels(event.action).inc()
         elif isinstance(event, SessionChanged):
             self._child(self.sessions, event.action, event.reason or "").inc()
+        elif isinstance(event, DatabaseChanged):
+            self.database_changes.labels(event.change).inc()
 
     # --- the store's hooks ---------------------------------------------------
     def observe_batch(

@@ -304,12 +304,29 @@ class StoreReplication(msgspec.Struct):
     standbys: int
 
 
+class StoreWentBack(msgspec.Struct):
+    """The store wrote to a database behind one it wrote to before (SPEC
+    §7.9): `after`, an older timeline or another cluster than `before` (each
+    named system identifier:database oid:timeline), with no host ahead of it
+    answering. Fencing tokens continue above `tokens_from`, above every one
+    granted; changes acknowledged on `before` may be lost. Shown for an hour
+    after the last time (`count`: times since the process started)."""
+
+    before: str
+    after: str
+    at: str
+    tokens_from: int
+    count: int
+
+
 class Health(msgspec.Struct, omit_defaults=True):
+    # "ok", or "degraded" while the store serves but `went_back` says why.
     status: str
     store: str
     version: str
     # /readyz on PostgreSQL, as last read (at each connection and every 10 s).
     replication: StoreReplication | None = None
+    went_back: StoreWentBack | None = None
 
 
 class ErrorDetail(msgspec.Struct):

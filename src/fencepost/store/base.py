@@ -23,7 +23,7 @@ from fencepost.core.leases import (
 from fencepost.core.ratelimit_headers import RateLimitInfo
 from fencepost.core.sessions import Session
 from fencepost.core.slots import PoolConfig, Slot
-from fencepost.store.standing import Replication
+from fencepost.store.standing import Replication, WentBack
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,6 +293,11 @@ class Store(Protocol):
         """What confirms the store's commits, as last read (PostgreSQL: at each
         connection and every 10 s; SPEC §6); None where nothing replicates
         (SQLite) or nothing was read yet."""
+
+    def went_back(self) -> WentBack | None:
+        """The last time the store wrote to a database behind one it wrote to
+        before (PostgreSQL, SPEC §7.9), if it did in the last
+        WENT_BACK_SHOWN_MS; None otherwise (always on SQLite)."""
 
     def add_freed_listener(self, listener: FreedListener) -> None:
         """Call `listener` (on the event loop) after a commit that may free a lock."""

@@ -229,6 +229,10 @@ class Engine(Protocol):
     def broken(self, conn: Any) -> bool:
         """True when the connection cannot be used again."""
 
+    def stale(self, conn: Any) -> bool:
+        """True when the connection reached a database other than the one the
+        engine writes to now: it is replaced before its next batch."""
+
     # Whether one connection failing fatally means the writer's others are
     # stale too and are replaced before their next batch (a database server
     # that failed over, restarted or turned read-only ended or soured every
@@ -842,8 +846,9 @@ class BatchWriter:
             link.conn = None
 
     def _connection(self, link: _Link) -> Any:
-        if link.conn is not None and link.generation < self._generation:
-            self._close(link)  # opened before another connection failed fatally
+        if link.conn is not None and (
+                link.generation < self._generation or self._engine.stale(link.conn)):
+            self._close(link)  # opened before another connection failed fatally, or moved on
         if link.conn is None:
             if time.monotonic() < self._next_connect:
                 raise StoreUnavailable("The store is unreachable; retrying shortly.")

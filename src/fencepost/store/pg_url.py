@@ -65,6 +65,33 @@ def conninfo(url: str) -> str:
     return make_conninfo("", **params, **added)
 
 
+def each_host(conninfo_text: str) -> list[str]:
+    """One connection string per server a multi-host connection string
+    names, in its order (libpq's rules: `port` and `hostaddr` give one value
+    for every host, or one for each); empty for a single server. Used to
+    look past the server libpq chose to the others (postgresql.py)."""
+    params = parameters(conninfo_text)
+    names = params.get("host", "").split(",")
+    if len(names) < 2:
+        return []
+
+    def per_host(name: str) -> list[str]:
+        values = params.get(name, "").split(",")
+        return values * len(names) if len(values) == 1 else values
+
+    ports, addresses = per_host("port"), per_host("hostaddr")
+    if len(ports) != len(names) or len(addresses) != len(names):
+        return []  # libpq refuses such a string; nothing to look past
+    single = {name: value for name, value in params.items()
+              if name not in ("host", "port", "hostaddr", "target_session_attrs")}
+    found = []
+    for name, port, address in zip(names, ports, addresses, strict=True):
+        one = {"host": name, **({"port": port} if port else {}),
+               **({"hostaddr": address} if address else {})}
+        found.append(make_conninfo("", **single, **one))
+    return found
+
+
 def migration_url(url: str) -> str:
     """The URL yoyo (the migration tool) connects with: the database in the
     path, every other parameter in the query, which yoyo hands to psycopg as

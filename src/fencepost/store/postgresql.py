@@ -35,6 +35,7 @@ import psycopg
 
 from fencepost.clock import steady_ns, wall_clock_ms
 from fencepost.errors import StoreNotReplicated, StoreUnavailable
+from fencepost.events import DatabaseChanged, Granted
 from fencepost.store import pg_url
 from fencepost.store.base import Freed
 from fencepost.store.batch import Cursor
@@ -46,8 +47,13 @@ from fencepost.store.standing import (
     STANDING_SQL,
     SYNC_COMMIT_LEVELS,
     TOKENS,
+    WENT_BACK_SHOWN_MS,
+    Change,
     Replication,
     Standing,
+    WentBack,
+    Written,
+    change_of,
     floor_sequences,
     floored,
     standing_of,
@@ -139,9 +145,21 @@ class _Connection(psycopg.AsyncConnection[Any]):
     read before the next statement runs (the SQL modules always do), except
     in a pipeline, where each has its own."""
 
-    __slots__ = ("statements", "pipe")
+    __slots__ = ("statements", "pipe", "identity", "floor")
     statements: _Answered
     pipe: psycopg.AsyncPipeline | None
+    # The database it reached (Standing.identity), judged when it opened; None
+    # once it may no longer be written to.
+    identity: str | None
+    # The highest fencing token this process had seen when the connection's
+    # transaction began: every token that transaction draws must be above it.
+    floor: int
+
+
+class _WentAway(psycopg.OperationalError):
+    """A batch on a connection to a database this process no longer writes to,
+    or whose tokens fell below one this process has seen: refused before its
+    commit, and every connection replaced (fatal)."""
 
 
 class _Answered:
@@ -245,24 +263,30 @@ class PostgresEngine:
         # connection; None until the first connection.
         self.standing: Standing | None = None
         # The highest value of each sequence (standing.SEQUENCES) this process
-        # has read on any database: a floor on a new one starts above it.
+        # has read on any database it accepted, and every token it drew: a
+        # floor on a new one starts above it, and no batch may draw below it.
         self.high_water: dict[str, int] = {}
         self.new_databases = 0  # databases this process floored as new
+        self.written = Written()  # the databases this process wrote to
+        self.went_back: WentBack | None = None  # the last database behind them written to
+        # Told of each database change (the store's event listeners).
+        self.on_change: Callable[[DatabaseChanged], None] | None = None
+        # Arrivals are judged and settled one at a time: connections opened
+        # together (after a failover, all of them) would otherwise each judge
+        # the database before any recorded it, and each floor it again.
+        self._arrivals: asyncio.Lock | None = None
 
     def connect(self, writes: bool = True) -> _Connection:
         return wait_for(self.open_connection(writes))
 
     async def open_connection(self, writes: bool = True) -> _Connection:
-        """A connection to the primary, its standing read and, for a writer,
-        the fencing tokens floored (store/standing.py), before anything else
+        """A connection to the primary, its database judged (store/standing.py)
+        and, for a writer, the fencing tokens floored, before anything else
         runs on it."""
-        conn = await _Connection.connect(
-            self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
-            options=self.session_options, application_name=self.application_name,
-        )
+        conn = await self._connect(self.url)
         try:
             async with asyncio.timeout(ARRIVAL_BOUND_S):
-                await self._arrive(conn, writes)
+                conn = await self._arrive(conn, writes)
         except TimeoutError:
             await conn.close()
             raise psycopg.OperationalError(
@@ -273,35 +297,113 @@ class PostgresEngine:
             raise
         conn.statements = _Answered(conn.cursor())
         conn.pipe = None
+        conn.floor = 0
         return conn
 
-    async def _arrive(self, conn: _Connection, writes: bool) -> None:
+    async def _connect(self, conninfo: str) -> _Connection:
+        conn = await _Connection.connect(
+            conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
+            options=self.session_options, application_name=self.application_name,
+        )
+        conn.identity = None
+        return conn
+
+    async def _arrive(self, conn: _Connection, writes: bool) -> _Connection:
+        """Judge the database `conn` reached; return the connection to use:
+        `conn`, or one to another host of a multi-host URL when `conn`'s
+        database is behind one this process wrote to and that host's is not
+        (`conn` is then closed). A writer's tokens are floored for it."""
+        if self._arrivals is None:
+            self._arrivals = asyncio.Lock()  # made on the loop that uses it
+        async with self._arrivals:
+            return await self._judged(conn, writes)
+
+    async def _judged(self, conn: _Connection, writes: bool) -> _Connection:
+        standing = await _standing(conn)
+        change = change_of(standing, self.written, self.high_water)
+        if change is Change.BACK:
+            found = await self._look_past(standing)
+            if found is not None:
+                _log.warning(
+                    "the store's host answered with a database behind one fencepost wrote to "
+                    "(%s, wrote to %s): a deposed primary that still takes writes; using "
+                    "another host instead (%s)",
+                    standing.identity, self.written.last, found[1].identity)
+                await conn.close()
+                conn, standing = found
+                change = change_of(standing, self.written, self.high_water)
+        self.saw(standing)
+        if writes:
+            await self._settle(conn, standing, change)
+        conn.identity = standing.identity
+        return conn
+
+    async def _look_past(self, behind: Standing) -> tuple[_Connection, Standing] | None:
+        """A connection to another host of a multi-host URL whose database is
+        a primary not behind any this process wrote to, with its standing;
+        None when no such host answers (or the URL names one host)."""
+        for conninfo in pg_url.each_host(self.url):
+            try:
+                conn = await self._connect(conninfo)
+            except psycopg.Error:
+                continue
+            try:
+                standing = await _standing(conn)
+                if standing.identity != behind.identity and \
+                        change_of(standing, self.written, self.high_water) is not Change.BACK:
+                    return conn, standing
+            except psycopg.Error:
+                pass
+            except BaseException:
+                await conn.close()
+                raise
+            await conn.close()
+        return None
+
+    async def _settle(self, conn: _Connection, standing: Standing, change: Change) -> None:
+        """Floor a writer's tokens on the database it reached, as judged, and
+        say so unless it is the one this process last wrote to."""
         async def execute(sql: str, params: tuple[Any, ...] | None) -> list[tuple[Any, ...]]:
             cursor = await conn.execute(sql, params)
             return await cursor.fetchall() if cursor.description is not None else []
 
-        (row,) = await execute(STANDING_SQL, None)
-        standing = standing_of(row)
-        if standing.standby:
-            # libpq's target_session_attrs=read-write avoids this with several
-            # hosts; a single host that is a standby (demoted, or named by
-            # mistake) must not be read from either: it may lag the primary.
-            raise psycopg.OperationalError(
-                "the database is a standby (in recovery): fencepost reads and writes only "
-                "on the primary"
-            )
-        self.saw(standing)
-        if not writes or floored(standing, self.high_water):
+        if change is not Change.SAME or not floored(standing, self.high_water, change):
+            values, _ = await floor_sequences(execute, self.high_water, change)
+            self._raise_high_water(values)
+        before = self.written.last or standing.recorded
+        self.written.record(standing.identity)
+        if change is Change.SAME:
             return
-        values, under_lock = await floor_sequences(execute, self.high_water)
-        self._raise_high_water(values)
-        if under_lock.new:
+        tokens_from = self.high_water.get(TOKENS, 0)
+        if change is Change.NEW:
             self.new_databases += 1
+            recorded = "" if standing.recorded in (None, before) else \
+                f"; its own record names {standing.recorded}"
             _log.warning(
-                "the store is a database fencepost did not last write to (%s, was %s): a "
+                "the store is a database fencepost did not last write to (%s, was %s%s): a "
                 "promoted standby or a restored copy; fencing tokens now continue above %d",
-                under_lock.identity, under_lock.recorded, values[TOKENS],
+                standing.identity, before, recorded, tokens_from,
             )
+        else:
+            count = 1 if self.went_back is None else self.went_back.count + 1
+            self.went_back = WentBack(str(before), standing.identity, wall_clock_ms(),
+                                      tokens_from, count)
+            _log.error(
+                "the store went back: the database is %s, behind %s which fencepost wrote "
+                "to before (an older timeline, another cluster, or fencing tokens below ones "
+                "already granted), and no other host is ahead of it. Acknowledged changes "
+                "made on %s may be lost; fencing tokens continue above %d, above every one "
+                "granted. Check the failover manager (operations guide: High availability)",
+                standing.identity, before, before, tokens_from,
+            )
+        if self.on_change is not None:
+            self.on_change(DatabaseChanged(change.value, before, standing.identity, tokens_from))
+
+    def stale(self, conn: _Connection) -> bool:
+        """Whether `conn` reached a database other than the one this process
+        writes to now (another connection has moved on): it is replaced."""
+        written = self.written.last
+        return written is not None and conn.identity != written
 
     def saw(self, standing: Standing) -> None:
         """Take a standing read on any connection as the store's latest."""
@@ -327,6 +429,7 @@ class PostgresEngine:
         self, conn: _Connection, exclusive: bool, keys: list[int], changes: bool = True
     ) -> Callable[[], int]:
         sync = exclusive and changes and self.require_sync
+        conn.floor = self.high_water.get(TOKENS, 0)
         cur = conn.statements.execute(_begin_write(keys, sync) if exclusive else _BEGIN_READ)
         cur.nextset()  # past BEGIN's result to the clock's
         row = cur.fetchone()
@@ -363,6 +466,7 @@ class PostgresEngine:
         return _pipelined(conn)
 
     def commit(self, conn: _Connection, events: list[Any]) -> None:
+        self._check_tokens(conn, events)
         # Only wake-ups cross replicas, and only those someone elsewhere may
         # wait for; grants and ends are this process's to report.
         payloads = sorted({
@@ -374,6 +478,31 @@ class PostgresEngine:
         if payloads:
             wait_for(conn.execute(_NOTIFY_EACH, (CHANNEL, json.dumps(payloads))))
         wait_for(conn.execute("COMMIT"))
+
+    def _check_tokens(self, conn: _Connection, events: list[Any]) -> None:
+        """Refuse, before its commit, a batch whose database this process no
+        longer writes to, or that drew a token at or below one this process
+        had seen when the batch began: a database that went back without a
+        change of name (SPEC §7.9). Nothing of it is committed; every
+        connection is replaced, and the one that reaches this database again
+        floors its tokens above every one seen."""
+        drawn = [event.fencing_token for event in events
+                 if type(event) is Granted and event.fencing_token is not None]
+        if self.stale(conn):
+            conn.identity = None
+            raise _WentAway("the database of this connection is no longer the one written to")
+        if not drawn:
+            return
+        lowest, highest = min(drawn), max(drawn)
+        if lowest <= conn.floor:
+            _log.error(
+                "the store went back: %s drew fencing token %d, not above %d which this "
+                "process had seen; nothing of the batch is committed, and tokens are floored "
+                "again", conn.identity, lowest, conn.floor)
+            conn.identity = None
+            raise _WentAway(f"fencing token {lowest} drawn, not above {conn.floor}")
+        if highest > self.high_water.get(TOKENS, 0):
+            self.high_water[TOKENS] = highest
 
     def fatal(self, exc: BaseException) -> bool:
         if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
@@ -405,6 +534,23 @@ def _decode(payload: str) -> Freed | None:
 
 def _read_standing(tx: Any) -> Standing:
     return standing_of(tuple(tx.execute(STANDING_SQL).fetchone()))
+
+
+async def _standing(conn: _Connection) -> Standing:
+    """A fresh connection's standing; a standby is refused: libpq's
+    target_session_attrs=read-write avoids one with several hosts, and a
+    single host that is a standby (demoted, or named by mistake) must not be
+    read from either: it may lag the primary."""
+    cursor = await conn.execute(STANDING_SQL)
+    row = await cursor.fetchone()
+    assert row is not None
+    standing = standing_of(tuple(row))
+    if standing.standby:
+        raise psycopg.OperationalError(
+            "the database is a standby (in recovery): fencepost reads and writes only "
+            "on the primary"
+        )
+    return standing
 
 
 def _report_replication(replication: Replication, first: bool) -> None:
@@ -486,6 +632,7 @@ class PostgresStore(SqlStore):
         self._listener: _Listener | None = None
         self._watcher: asyncio.Task[None] | None = None
         super().__init__(self._engine, sessions, readers, writers)
+        self._engine.on_change = lambda change: self._publish([change])
 
     async def open(self) -> None:
         try:
@@ -543,6 +690,12 @@ class PostgresStore(SqlStore):
 
     def replication(self) -> Replication | None:
         return self._engine.replication
+
+    def went_back(self) -> WentBack | None:
+        went_back = self._engine.went_back
+        if went_back is None or wall_clock_ms() - went_back.at_ms > WENT_BACK_SHOWN_MS:
+            return None
+        return went_back
 
     async def check_ready(self) -> None:
         replication = self._engine.replication

@@ -61,7 +61,7 @@ from fencepost.store.sql import (
 )
 from fencepost.store.sql.known_leases import KnownLeases
 from fencepost.store.sql.replicas import Liveness, Place
-from fencepost.store.standing import Replication
+from fencepost.store.standing import Replication, WentBack
 
 T = TypeVar("T")
 
@@ -170,6 +170,9 @@ class SqlStore:
 
     def replication(self) -> Replication | None:
         return None  # an SQLite file replicates nothing (PostgresStore reads its database's)
+
+    def went_back(self) -> WentBack | None:
+        return None  # an SQLite file has no other copy to go back to (PostgresStore's may)
 
     def add_freed_listener(self, listener: FreedListener) -> None:
         self._listeners.append(listener)

@@ -192,6 +192,9 @@ class SqliteEngine:
     def broken(self, conn: sqlite3.Connection) -> bool:
         return False
 
+    def stale(self, conn: sqlite3.Connection) -> bool:
+        return False  # one file, never another database behind the same name
+
     def pipeline(self, conn: sqlite3.Connection) -> ContextManager[None]:
         raise NotImplementedError  # `pipelines` is False: never asked
 

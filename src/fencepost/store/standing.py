@@ -6,9 +6,11 @@ Tokens after a failover. A standby promoted after an asynchronous failover
 may lack the last commits of the old primary, the fencing-token sequence's
 last draws among them: drawing on from its copy would issue again tokens
 that holders of the old primary already carry (and tickets that waiters
-parked on a surviving replica still hold). So whenever a connection reaches
-a database this deployment did not last write to, the sequences are
-floored before that connection runs anything else:
+parked on a surviving replica still hold). And a primary frozen while another
+was promoted (a paused VM, a stalled disk) may wake up still taking writes,
+its sequence as far behind as the promoted one is ahead. So every connection
+this process opens is judged (`change_of`) against the database this process
+last wrote to, before it runs anything else:
 
 - a database is named by its cluster's system identifier (pg_control, the
   same on a primary and all its physical standbys), its own oid (a dump
@@ -17,16 +19,26 @@ floored before that connection runs anything else:
   The name of the database last floored is kept in the database itself
   (`meta`), so a process that starts on a promoted standby finds the old
   primary's name there, replicated before the failover, and floors too;
-- the floor is the highest of the database's clock in microseconds, the
-  sequence's own value, and the highest value this process read on any
-  database (at each connection and every 10 s), plus NEW_DATABASE_MARGIN_US.
-  A token issued before is below it unless more than the margin's worth of
-  tokens were drawn since this process last read the sequence, or, for a
-  process that never read the old database, the database hosts' clocks
-  disagree by more than the margin (decisions.md, "Fencing across a
-  failover");
-- any other connection floors at the database clock alone (SPEC §7.8: a copy
-  restored in place keeps its name).
+- SAME: the database this process last wrote to, its token sequence not
+  behind any token this process has seen: tokens floored at the database's
+  clock alone (SPEC §7.8: a copy restored in place keeps its name);
+- NEW: another name, not behind (a promoted standby, a new timeline, a
+  restore into a new database): every sequence floored at the highest of the
+  database's clock in microseconds, the sequence's own value, and the highest
+  value this process has seen (every sequence read at each connection and
+  every 10 s, and every token it granted), plus NEW_DATABASE_MARGIN_US. A token
+  issued before is below it unless more than the margin's worth of tokens
+  were drawn since this process last read the sequence, or, for a process
+  that never read the old database, the database hosts' clocks disagree by
+  more than the margin (decisions.md, "Fencing across a failover");
+- BACK: a database behind one this process wrote to: another cluster (system
+  identifier), an older timeline of the same one (a deposed primary that
+  woke up, or a leader that took its key back and had the promoted members
+  rewound to it), or the same name with its tokens below ones this process
+  has seen. The store prefers any other host of a multi-host URL that is not
+  behind (postgresql.py); written to only when none answers, floored like a
+  NEW one, and never silently: an error in the log, an event, a metric and
+  /readyz.
 
 Floors run in a transaction holding one advisory lock, so two replicas
 flooring at once never set the sequence back; a floor never lowers it.
@@ -36,7 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 # What a token may need to clear on a database reached for the first time: one
@@ -55,6 +67,10 @@ FLOOR_SLACK = 1_000
 # and sharing one with this merely makes a floor wait for a batch.
 FLOOR_LOCK = 0x666C6F6F72
 IDENTITY = "database_identity"  # its `meta` row
+# How long /readyz shows that the store went back (SPEC §7.9) after the last
+# time it did: long enough for any probe or person to see it; the metric and
+# the log keep it for good.
+WENT_BACK_SHOWN_MS = 3_600_000
 SYNC_COMMIT_LEVELS = ("on", "remote_write", "remote_apply")
 
 
@@ -97,10 +113,85 @@ class Standing:
 
     @property
     def new(self) -> bool:
-        """A database this deployment did not last write to. One that no
-        floor ever recorded a name in (a new store, or one from a version
-        before names were recorded) is taken for the one last written to."""
+        """A database this deployment did not last write to, by the name the
+        last floor recorded in it. One that no floor ever recorded a name in
+        (a new store, or one from a version before names were recorded) is
+        taken for the one last written to."""
         return self.recorded is not None and self.recorded != self.identity
+
+    @property
+    def system(self) -> str:
+        """The cluster's system identifier (the same on all its members)."""
+        return system_of(self.identity)
+
+    @property
+    def timeline(self) -> int:
+        return timeline_of(self.identity)
+
+
+def system_of(identity: str) -> str:
+    return identity.split(":", 1)[0]
+
+
+def timeline_of(identity: str) -> int:
+    return int(identity.rsplit(":", 1)[1])
+
+
+class Change(enum.StrEnum):
+    """How a database reached by a connection relates to the one this
+    process last wrote to (see the module's docstring)."""
+
+    SAME = "same"
+    NEW = "new"
+    BACK = "went_back"
+
+
+@dataclass(slots=True)
+class Written:
+    """What this process has written to: the database it last wrote to, and
+    the newest timeline it wrote to on each cluster (by system identifier)."""
+
+    last: str | None = None
+    timelines: dict[str, int] = field(default_factory=dict)
+
+    def record(self, identity: str) -> None:
+        self.last = identity
+        system, timeline = system_of(identity), timeline_of(identity)
+        self.timelines[system] = max(self.timelines.get(system, 0), timeline)
+
+
+@dataclass(frozen=True, slots=True)
+class WentBack:
+    """The last time this process wrote to a database behind one it wrote to
+    before (`before`), for /readyz: `after` is that database, `at_ms` when
+    (epoch ms), `tokens_from` where its tokens continue, `count` how many
+    times in this process's life."""
+
+    before: str
+    after: str
+    at_ms: int
+    tokens_from: int
+    count: int
+
+    @property
+    def as_json(self) -> dict[str, Any]:
+        return {"before": self.before, "after": self.after, "tokens_from": self.tokens_from,
+                "count": self.count}
+
+
+def change_of(standing: Standing, written: Written, high_water: dict[str, int]) -> Change:
+    """Judge a database reached by a connection (see the module's docstring).
+    A process's first connection has only the database's own record of the
+    name last floored to go by."""
+    if written.last is None:
+        return Change.NEW if standing.new else Change.SAME
+    if standing.identity == written.last and not standing.new:
+        behind = standing.sequences[TOKENS] < high_water.get(TOKENS, 0)
+        return Change.BACK if behind else Change.SAME
+    if standing.system != system_of(written.last) or \
+            standing.timeline < written.timelines.get(standing.system, 0):
+        return Change.BACK
+    return Change.NEW
 
 
 # The timeline is the first 8 hex digits of the current WAL file's name; a
@@ -141,26 +232,36 @@ def standing_of(row: tuple[Any, ...]) -> Standing:
     )
 
 
-def floors_for(standing: Standing, high_water: dict[str, int]) -> dict[str, int]:
+def floors_for(
+    standing: Standing, high_water: dict[str, int], change: Change
+) -> dict[str, int]:
     """What each sequence is floored at on a connection that read `standing`
-    (see the module's docstring): on a new database, every sequence above all
-    it and this process know of, plus the margin; on the same one, the
-    tokens at the clock (tickets need no clock: nothing outside the store
+    (see the module's docstring): on a database NEW or BACK, every sequence
+    above all it and this process know of, plus the margin; on the SAME one,
+    the tokens at the clock (tickets need no clock: nothing outside the store
     holds them across a restart)."""
     clock_us = standing.clock_ms * 1000
-    if not standing.new:
+    if change is Change.SAME:
         return {TOKENS: clock_us}
+    if change is Change.NEW and standing.recorded == standing.identity:
+        # Another replica floored this database since it changed: its own
+        # values carry that replica's margin already, and this process's
+        # high water needs one of its own.
+        return {
+            name: max(clock_us, high_water.get(name, 0)) + NEW_DATABASE_MARGIN_US
+            for name in standing.sequences
+        }
     return {
         name: max(clock_us, value, high_water.get(name, 0)) + NEW_DATABASE_MARGIN_US
         for name, value in standing.sequences.items()
     }
 
 
-def floored(standing: Standing, high_water: dict[str, int]) -> bool:
+def floored(standing: Standing, high_water: dict[str, int], change: Change) -> bool:
     """Whether nothing is left to floor or record for `standing`."""
     if standing.recorded != standing.identity:
         return False
-    floors = floors_for(standing, high_water)
+    floors = floors_for(standing, high_water, change)
     return all(standing.sequences[name] >= floor for name, floor in floors.items())
 
 
@@ -168,12 +269,13 @@ Execute = Callable[[str, tuple[Any, ...] | None], Awaitable[list[tuple[Any, ...]
 
 
 async def floor_sequences(
-    execute: Execute, high_water: dict[str, int]
+    execute: Execute, high_water: dict[str, int], change: Change
 ) -> tuple[dict[str, int], Standing]:
-    """Floor the sequences for a new connection (see the module's docstring)
-    and record the database's name; return each floored sequence's value
-    after it, and the standing read under the floors' lock. `execute` runs
-    one statement on the connection and returns its rows."""
+    """Floor the sequences for a new connection to a database judged `change`
+    (see the module's docstring) and record the database's name; return each
+    floored sequence's value after it, and the standing read under the
+    floors' lock. `execute` runs one statement on the connection and returns
+    its rows."""
     await execute("BEGIN", None)
     try:
         await execute("SELECT pg_advisory_xact_lock(%s)", (FLOOR_LOCK,))
@@ -181,7 +283,7 @@ async def floor_sequences(
         (row,) = await execute(STANDING_SQL, None)
         now = standing_of(row)
         values: dict[str, int] = {}
-        for name, floor in floors_for(now, high_water).items():
+        for name, floor in floors_for(now, high_water, change).items():
             # The names are ours (SEQUENCES), not input.
             ((values[name],),) = await execute(
                 f"SELECT CASE WHEN last_value < %s THEN setval('{name}', %s) "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hmac
 
 from fencepost import __version__
+from fencepost.core.timefmt import format_at
 from fencepost.errors import FencepostError, ShuttingDown, StoreUnavailable, Unauthorized
 from fencepost.server import schemas
 from fencepost.server.context import Call
@@ -47,9 +48,17 @@ async def readyz(call: Call[None]) -> Response:
     shown = None if replication is None else schemas.StoreReplication(
         mode=replication.mode.value, standbys=replication.standbys
     )
+    # Still 200: the store serves, and its tokens were floored above every
+    # one granted; taking every replica out of service would not help.
+    went_back = store.went_back()
+    back = None if went_back is None else schemas.StoreWentBack(
+        before=went_back.before, after=went_back.after, at=format_at(went_back.at_ms) or "",
+        tokens_from=went_back.tokens_from, count=went_back.count,
+    )
     return json_response(
         200, schemas.Health(
-            status="ok", store=store.url_scheme, version=__version__, replication=shown
+            status="ok" if back is None else "degraded", store=store.url_scheme,
+            version=__version__, replication=shown, went_back=back,
         ),
         _which_worker(call),
     )
