@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from fencepost.store.pg_url import conninfo, hosts, migration_url, parameters, redacted
+from fencepost.store.pg_url import (
+    conninfo,
+    each_host,
+    hosts,
+    migration_url,
+    parameters,
+    redacted,
+)
 
 
 def _words(info: str) -> dict[str, str]:
@@ -67,3 +74,27 @@ def test_passwords_are_never_shown(url: str, shown: str) -> None:
 def test_a_url_libpq_cannot_read_is_a_value_error(url: str) -> None:
     with pytest.raises(ValueError, match="libpq"):
         parameters(url)
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql://u:pw@h1:5432,h2:5433/db?sslmode=prefer",
+    "postgresql://u:pw@/db?host=h1,h2&port=5432,5433&sslmode=prefer",
+])
+def test_each_host_of_a_multi_host_url_is_its_own_connection_string(url: str) -> None:
+    """What the store asks host by host when libpq's choice is behind: each
+    keeps every other parameter, and asks nothing of the session's role (the
+    store judges the answer itself)."""
+    found = [parameters(one) for one in each_host(conninfo(url))]
+    assert [(p["host"], p["port"]) for p in found] == [("h1", "5432"), ("h2", "5433")]
+    for one in found:
+        assert one["user"] == "u" and one["password"] == "pw" and one["dbname"] == "db"
+        assert one["sslmode"] == "prefer" and one["keepalives"] == "1"
+        assert "target_session_attrs" not in one
+
+
+def test_each_host_takes_one_port_for_all_and_nothing_from_one_host() -> None:
+    found = [parameters(one) for one in each_host(conninfo("postgresql://u@/db?host=a,b,c&port=6000"))]
+    assert [(p["host"], p["port"]) for p in found] == [("a", "6000"), ("b", "6000"), ("c", "6000")]
+    addressed = each_host(conninfo("postgresql://u@/db?host=a,b&hostaddr=10.0.0.1,10.0.0.2"))
+    assert [parameters(one)["hostaddr"] for one in addressed] == ["10.0.0.1", "10.0.0.2"]
+    assert each_host(conninfo("postgresql://u@h1:5432/db")) == []
