@@ -79,6 +79,23 @@ def test_the_systemd_unit_verifies(tmp_path: Path) -> None:
     assert out.stderr.strip() == "", out.stderr
 
 
+def test_the_systemd_unit_reloads_with_sighup() -> None:
+    """`systemctl reload` (logrotate's postrotate) sends SIGHUP, which reopens the
+    logs (tests/server/test_log_rotation.py runs a real rotation)."""
+    unit = (DEPLOY / "fencepost.service").read_text()
+    assert "ExecReload=/bin/kill -HUP $MAINPID" in unit
+    assert "systemctl reload fencepost.service" in (DEPLOY / "fencepost.logrotate").read_text()
+
+
+def test_the_logrotate_file_is_read_by_logrotate(tmp_path: Path) -> None:
+    out = run(tool("logrotate", "/usr/sbin/logrotate"), "--debug", "--state",
+              str(tmp_path / "state"), "fencepost.logrotate")
+    assert out.returncode == 0, out.stdout + out.stderr
+    said = out.stdout + out.stderr
+    assert "rotating pattern: /var/log/fencepost/*.log" in said, said
+    assert "error" not in said.lower(), said
+
+
 def test_the_image_builds_where_a_container_engine_answers() -> None:
     docker = shutil.which("docker")
     if docker is None or run(docker, "info").returncode != 0:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
 from typing import Any
 
@@ -41,6 +42,11 @@ class _Main(click.Group):
         module = _COMMANDS.get(cmd_name)
         if module is None:
             return None
+        if cmd_name == "serve":
+            # A running server reopens its logs on SIGHUP (server/runner.py);
+            # until it runs, logrotate's SIGHUP must not end it (SPEC §6). Set
+            # before the server's modules load, the longest part of its start.
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
         command = getattr(importlib.import_module(module), cmd_name)
         assert isinstance(command, click.Command)
         return command

@@ -29,6 +29,7 @@ _encoder = msgspec.json.Encoder()
 class AccessLog:
     def __init__(self, target: str | None) -> None:
         self._owned = target not in (None, "", "-", "stderr")
+        self.target = target if self._owned else None  # the file's path, if a file
         self._stream: IO[bytes] = (
             open(target, "ab") if self._owned and target else sys.stderr.buffer
         )
@@ -51,6 +52,20 @@ class AccessLog:
             self._pending.clear()
             self._stream.write(data)
             self._stream.flush()
+
+    def reopen(self) -> bool:
+        """Write what is pending to the file open now, then open the path again
+        (SIGHUP, after logrotate moved the file away): later lines go to a new
+        file at the path. Standard error is left as it is. Whether a file was
+        reopened; a path that cannot be opened keeps the old file (logged by
+        the caller) rather than losing lines."""
+        if not self._owned or self.target is None:
+            return False
+        self.flush()
+        fresh = open(self.target, "ab")
+        old, self._stream = self._stream, fresh
+        old.close()
+        return True
 
     def close(self) -> None:
         self.flush()

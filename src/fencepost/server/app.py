@@ -165,6 +165,25 @@ class App:
             self.services.waiters.sweep_forever(self.store.keep_waiting, self.store.writers)
         )
 
+    def reopen_logs(self) -> None:
+        """SIGHUP (SPEC §6): reopen every log file the server writes, so that
+        logrotate can move them away; logged in one line. Never fatal: a file
+        that cannot be opened again is logged, and its lines keep going to the
+        file open before."""
+        reopened, failed = [], []
+        for name, log in (("access log", self.services.access_log),
+                          ("event log", self.event_log)):
+            try:
+                if log.reopen():
+                    reopened.append(f"{name} {log.target}")
+            except OSError as exc:
+                failed.append(f"{name} {log.target}: {exc.strerror or exc}")
+        if failed:
+            _log.error("SIGHUP: could not reopen %s; writing on to the file open before",
+                       "; ".join(failed))
+        _log.info("SIGHUP: reopened %s", ", ".join(reopened) if reopened else
+                  "no log file (the logs go to standard error)")
+
     def stop_being_ready(self) -> None:
         """/readyz (and /healthz) answer 503 from now on; everything else still
         serves (the drain before the listener closes)."""

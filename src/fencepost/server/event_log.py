@@ -76,5 +76,12 @@ class EventLog:
                         key_id=event.key_id, status=event.status, code=event.code,
                         client_ip=event.client_ip)
 
+    @property
+    def target(self) -> str | None:
+        return self._lines.target
+
+    def reopen(self) -> bool:
+        return self._lines.reopen()
+
     def close(self) -> None:
         self._lines.close()

@@ -20,6 +20,9 @@ from fencepost.server.wire import (
     Connections,
 )
 
+# What a worker's supervisor writes to its standard input for a SIGHUP
+# (server/workers.py); every other byte is a stop.
+REOPEN = b"h"
 # In-flight requests get this long to finish after SIGTERM.
 GRACEFUL_SHUTDOWN_S = 10.0
 DEFAULT_MAX_CONNECTIONS = 4096
@@ -172,8 +175,10 @@ async def _serve(
     signals = _Signals(connections)
     for sig in stop_signals:
         loop.add_signal_handler(sig, signals.received)
+    # SIGHUP reopens the log files (logrotate); it never stops the server.
+    loop.add_signal_handler(signal.SIGHUP, app.reopen_logs)
     if stop_fd is not None:
-        _read_stops(loop, stop_fd, signals)
+        _read_stops(loop, stop_fd, signals, app.reopen_logs)
     await signals.stop.wait()
     await _stop(app, server, connections, signals, drain_seconds)
     return True
@@ -206,7 +211,10 @@ async def _stop(
     await app.shutdown()
 
 
-def _read_stops(loop: asyncio.AbstractEventLoop, fd: int, signals: _Signals) -> None:
+def _read_stops(loop: asyncio.AbstractEventLoop, fd: int, signals: _Signals,
+                reopen: Callable[[], None]) -> None:
+    """A worker's standard input: each byte from its supervisor is a stop, or
+    (REOPEN) a SIGHUP the supervisor received; its end is a stop."""
     os.set_blocking(fd, False)
 
     def readable() -> None:
@@ -219,8 +227,11 @@ def _read_stops(loop: asyncio.AbstractEventLoop, fd: int, signals: _Signals) -> 
         if not data:  # the writer is gone: stop, once
             loop.remove_reader(fd)
             signals.received()
-        for _ in data:
-            signals.received()
+        for byte in data:
+            if byte == REOPEN[0]:
+                reopen()
+            else:
+                signals.received()
 
     loop.add_reader(fd, readable)
 

@@ -48,7 +48,7 @@ def _read_options() -> dict[str, object]:
 
 
 def main() -> None:
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: see launch
         signal.signal(sig, signal.SIG_IGN)
     config = _read_options()
     number = int(str(config["number"]))

@@ -17,8 +17,10 @@ user started):
    anchor, so that on SQLite they agree on every instant (SPEC §2);
 4. says "serving on" once every worker listens with its store open;
 5. passes each SIGTERM or SIGINT on to every worker as one stop (through
-   the worker's standard input; workers take no signals, see worker.py),
-   each of which then drains as SPEC §6 says, and exits 0 when all did;
+   the worker's standard input; workers take no stop signals, see
+   worker.py), each of which then drains as SPEC §6 says, and exits 0 when
+   all did; passes each SIGHUP on to every worker the same way, which
+   reopens its log files (logrotate);
 6. restarts a worker that dies (its parked waiters leave their lines as a
    dead replica's do), unless workers keep dying: then it stops the others
    and exits 1, loudly, rather than serve on a fraction of its capacity
@@ -53,10 +55,13 @@ from prometheus_client.multiprocess import mark_process_dead
 from fencepost.clock import SteadyClock
 from fencepost.server.launch import ServeOptions
 from fencepost.server.metrics import MULTIPROCESS_DIR
+from fencepost.server.runner import REOPEN
 from fencepost.store import make_store
 
 _log = logging.getLogger("fencepost.serve")
 
+# A stop, written to a worker's standard input (runner.REOPEN is the other byte).
+STOP = b"s"
 # A worker must say it is ready within this long of its start.
 WORKER_START_S = 60.0
 # More deaths than this within the window: the service stops instead.
@@ -210,7 +215,7 @@ class Supervisor:
         for worker in self.workers.values():
             if worker.proc.poll() is None and worker.proc.stdin is not None:
                 try:
-                    worker.proc.stdin.write(b"s")
+                    worker.proc.stdin.write(STOP)
                     worker.proc.stdin.flush()
                 except OSError:
                     pass  # it is ending already
@@ -239,15 +244,33 @@ class Supervisor:
         self.signals.append(sig)
 
     def install_signals(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self.on_signal)
 
     def pass_signals_on(self) -> None:
-        """Each SIGTERM or SIGINT becomes one stop to every worker."""
+        """Each SIGTERM or SIGINT becomes one stop to every worker; each SIGHUP
+        is sent on to every worker, which reopens its log files."""
         while self.signals:
-            self.signals.popleft()
+            if self.signals.popleft() == signal.SIGHUP:
+                self.reopen_logs()
+                continue
             self.stopping = True
             self.stop_workers()
+
+    def reopen_logs(self) -> None:
+        """Tell every worker to reopen its log files, through its standard
+        input like a stop: a worker still starting reads it once it runs (a
+        signal could end it before it set its handler)."""
+        told = 0
+        for worker in self.workers.values():
+            if worker.proc.poll() is None and worker.proc.stdin is not None:
+                try:
+                    worker.proc.stdin.write(REOPEN)
+                    worker.proc.stdin.flush()
+                    told += 1
+                except OSError:
+                    pass  # it is ending already; a replacement opens the files afresh
+        _log.info("SIGHUP: passed on to %d workers, to reopen their log files", told)
 
     def too_many_deaths(self, now: float) -> bool:
         self.deaths.append(now)
