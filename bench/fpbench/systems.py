@@ -95,6 +95,7 @@ class Fencepost(System):
     pg_admin_url: str = DEFAULT_PG_ADMIN_URL
     db_name: str = ""
     store_url: str = ""
+    extra_args: list[str] = field(default_factory=list)  # more `fencepost serve` options
 
     @contextlib.contextmanager
     def running(self, workdir: Path) -> Iterator[System]:
@@ -111,7 +112,7 @@ class Fencepost(System):
                  "--host", "127.0.0.1", "--port", str(self.port),
                  "--access-log", str(workdir / "access.log"), "--workers", str(self.workers),
                  # Workload (e) parks 10,000 waiting connections.
-                 "--max-connections", "12000"],
+                 "--max-connections", "12000", *self.extra_args],
                 workdir / "server.log", env={"FENCEPOST_BOOTSTRAP_KEY": BENCH_KEY}, cwd=workdir)
             try:
                 self._wait_healthy(workdir / "server.log")

@@ -1,8 +1,7 @@
-"""Migration 0015 on a store with ended leases: why a lease ended is still
-known by its fencing token (fence checks) and by its lock token (late
-renewals), and the fence check's lookup goes by the index that leads with the
-token, so that recording an end writes near the index's newest edge instead
-of at a random place in it."""
+"""Migrations 0015 and 0018 on a store with ended leases: why a lease ended is
+still known by its fencing token (fence checks) and by its lock token (late
+renewals), and the lookups go by the table's key (the fencing token, so that
+recording an end writes at the table's newest edge) and by the lease's digest."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ import pytest
 
 from fencepost.errors import LeaseLost
 from fencepost.store.postgresql import PostgresStore
-from fencepost.store.sql.ended import BY_FENCING_TOKEN
+from fencepost.store.sql.ended import BY_FENCING_TOKEN, BY_LEASE
 from fencepost.store.sqlite import SqliteStore
 from pg_support import temporary_database
 
@@ -65,29 +64,33 @@ async def test_why_a_lease_ended_survives_the_migration(old_store):
         await old_store.close()
 
 
-async def test_a_fence_check_looks_the_token_up_by_the_index_that_leads_with_it(
+async def test_the_lookups_go_by_the_token_and_by_the_lease_digest(
     tmp_path: Path, clock: FakeClock
 ):
     store = SqliteStore(str(tmp_path / "new.db"), clock_ms=clock)
     await store.open()
     await store.close()
     with sqlite3.connect(tmp_path / "new.db") as conn:
-        plan = conn.execute("EXPLAIN QUERY PLAN " + BY_FENCING_TOKEN, (1, P, "k")).fetchall()
-        indexes = {name for (name,) in conn.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'ended_leases'")}
-    details = " ".join(str(row[-1]) for row in plan)
-    assert "ended_leases_by_fencing (fencing_token=? AND project=? AND key=?)" in details
-    assert "ended_leases_by_token" not in indexes  # the random-order index is gone
+        by_token = conn.execute("EXPLAIN QUERY PLAN " + BY_FENCING_TOKEN, (1,)).fetchall()
+        by_lease = conn.execute("EXPLAIN QUERY PLAN " + BY_LEASE, (1,)).fetchall()
+        tables = {name for (name,) in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert "INTEGER PRIMARY KEY (rowid=?)" in " ".join(str(row[-1]) for row in by_token)
+    lease_plan = " ".join(str(row[-1]) for row in by_lease)
+    assert "ended_by_lease (lease_digest=?)" in lease_plan, lease_plan
+    assert "TEMP B-TREE" not in lease_plan  # the index gives the order by token too
+    assert "ended_leases" not in tables
 
 
-async def test_on_postgresql_too_the_lookup_goes_by_the_token(clock: FakeClock):
+async def test_on_postgresql_too_the_lookups_go_by_the_token_and_the_digest(clock: FakeClock):
     with temporary_database() as url:
         store = PostgresStore(url, clock_ms=clock)
         await store.open()
         await store.close()
         with psycopg.connect(url) as conn:
             conn.execute("SET enable_seqscan = off")  # an empty table: rule out the scan
-            plan = conn.execute(
-                "EXPLAIN " + BY_FENCING_TOKEN.replace("?", "%s"), (1, P, "k")).fetchall()
-    details = " ".join(row[0] for row in plan)
-    assert "ended_leases_by_fencing" in details, details
+            plans = [" ".join(row[0] for row in conn.execute(
+                "EXPLAIN " + sql.replace("?", "%s"), (1,)).fetchall())
+                for sql in (BY_FENCING_TOKEN, BY_LEASE)]
+    assert "ended_pkey" in plans[0], plans[0]
+    assert "ended_by_lease" in plans[1], plans[1]

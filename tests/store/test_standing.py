@@ -258,9 +258,9 @@ def test_a_token_drawn_below_one_seen_is_never_answered(tmp_path: Path) -> None:
                 # Nothing was committed with a fallen token (they fell to 2, 3, ...).
                 (low,) = conn.execute(
                     "SELECT (SELECT count(*) FROM locks WHERE fencing_token < %s) + (SELECT "
-                    "count(*) FROM ended_leases WHERE fencing_token < %s)",
+                    "count(*) FROM ended WHERE fencing_token < %s)",
                     (min(before), min(before))).fetchone()
-                (kept,) = conn.execute("SELECT count(*) FROM ended_leases").fetchone()
+                (kept,) = conn.execute("SELECT count(*) FROM ended").fetchone()
             assert kept >= len(before) + len(after)  # the ends are remembered: the check sees them
             assert low == 0
         finally:

@@ -29,11 +29,39 @@ class Seconds(click.FloatRange):
         return super().convert(value, param, ctx)
 
 
-def _float_or(text: str) -> float:
+class Duration(click.ParamType[int]):
+    """A length of time: a number with a unit (`s`, `m`, `h`, `d`: `90s`,
+    `15m`, `24h`, `7d`) or plain seconds, within [low, high] seconds; the
+    value is in milliseconds."""
+
+    name = "duration"
+    _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
+
+    def __init__(self, low: float, high: float) -> None:
+        self.low, self.high = low, high
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().lower()
+        number, unit = (text[:-1], text[-1]) if text[-1:] in self._UNITS else (text, "s")
+        seconds = _float_or(number, math.nan) * self._UNITS[unit]
+        if not math.isfinite(seconds) or not self.low <= seconds <= self.high:
+            self.fail(f"{value!r} is not a duration from {_said(self.low)} to "
+                      f"{_said(self.high)} (such as 90s, 15m, 24h or 7d).", param, ctx)
+        return round(seconds * 1000)
+
+
+def _said(seconds: float) -> str:
+    return f"{seconds / 86_400:g}d" if seconds >= 86_400 else f"{seconds:g}s"
+
+
+def _float_or(text: str, otherwise: float = 0.0) -> float:
     try:
         return float(text)
     except ValueError:
-        return 0.0  # not a number at all: FloatRange says so
+        return otherwise  # not a number at all: FloatRange (or Duration) says so
 
 
 class NameType(click.ParamType[str]):

@@ -13,7 +13,7 @@ from typing import NoReturn
 
 import click
 
-from fencepost.cli.params import Seconds
+from fencepost.cli.params import Duration, Seconds
 from fencepost.cli.stores import store_exists
 from fencepost.core.keys import MIN_BOOTSTRAP_SECRET_LENGTH
 from fencepost.core.names import is_valid_name
@@ -86,6 +86,12 @@ class WorkerCount(click.ParamType[int]):
               help="PostgreSQL: answer 503 store_not_replicated to every change while no "
                    "synchronous standby confirms commits, so that no acknowledged change "
                    "can be lost in a failover.")
+@click.option("--ended-retention", envvar="FENCEPOST_ENDED_RETENTION", default="24h",
+              show_default=True, type=Duration(1, 366 * 86_400),
+              help="How long an ended lease (and session) is remembered: a late renewal is "
+                   "told why its lease ended (lease_lost's reason), a fence check why a "
+                   "token is stale, for this long; after it the reason may be absent. "
+                   "Such as 90s, 15m, 24h or 7d.")
 @click.option("--host", envvar="FENCEPOST_HOST", default="127.0.0.1", show_default=True)
 @click.option("--port", envvar="FENCEPOST_PORT", default=7440, show_default=True,
               type=click.IntRange(0, 65535))
@@ -132,7 +138,7 @@ def serve(
     tls_key: str | None, drain_seconds: float, event_log: str | None,
     metrics_key: str | None, workers: int, store_timeout: float,
     require_sync_replication: bool, max_connections_per_source: int,
-    max_output_buffer: int,
+    max_output_buffer: int, ended_retention: int,
 ) -> None:
     """Run the lock service."""
     configure_logging()
@@ -199,7 +205,7 @@ def serve(
         tls_key=tls_key, drain_seconds=drain_seconds, store_timeout=store_timeout,
         require_sync_replication=require_sync_replication,
         max_connections_per_source=max_connections_per_source,
-        max_output_buffer_mib=max_output_buffer,
+        max_output_buffer_mib=max_output_buffer, ended_retention_ms=ended_retention,
     )
     if workers == 1:
         launch(options, on_ready=ready, on_bootstrap=announce)

@@ -37,6 +37,7 @@ class ServeOptions:
     max_connections_per_source: int = DEFAULT_MAX_PER_SOURCE
     max_output_buffer_mib: int = DEFAULT_OUTPUT_BUDGET // 2**20
     require_sync_replication: bool = False
+    ended_retention_ms: int | None = None  # None: the store's default (SPEC §6)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,7 +69,8 @@ def launch(
     store = make_store(options.store, readers=options.store_readers,
                        clock_anchor=worker.clock_anchor if worker else None,
                        timeout_s=options.store_timeout,
-                       require_sync=options.require_sync_replication)
+                       require_sync=options.require_sync_replication,
+                       ended_retention_ms=options.ended_retention_ms)
     app = create_app(store, AppConfig(
         access_log=options.access_log, event_log=options.event_log,
         metrics_key=options.metrics_key or None, bootstrap_key=options.bootstrap_key,

@@ -664,11 +664,19 @@ class PostgresStore(SqlStore):
 
     async def _refuse_a_standby(self) -> None:
         """Before migrating: a standby named alone (or every host a standby)
-        refuses writes, and its answers may lag the primary's."""
+        refuses writes, and its answers may lag the primary's. And a warning
+        when autovacuum is off: every grant and end leaves a dead row, which
+        only a vacuum makes reusable, so the tables would grow without bound."""
         async with await psycopg.AsyncConnection.connect(
             self._engine.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
         ) as conn:
-            row = await (await conn.execute("SELECT pg_is_in_recovery()")).fetchone()
+            row = await (await conn.execute(
+                "SELECT pg_is_in_recovery(), current_setting('autovacuum') = 'on'")).fetchone()
+        if row is not None and not row[0] and not row[1]:
+            _log.warning(
+                "the database runs with autovacuum off: the rows of ended leases stay dead "
+                "and fencepost's tables grow without bound; turn it on (operations guide: "
+                "What the store keeps)")
         if row is not None and row[0]:
             raise StoreUnavailable(
                 "Cannot open the PostgreSQL store: the database is a standby (in recovery); "

@@ -69,7 +69,10 @@ T = TypeVar("T")
 # about writes (a full disk, a database that turned read-only).
 WRITE_PROBE_EVERY_MS = 1_000
 # Why a lease ended is kept this long, so a late renewal learns the reason.
-ENDED_LEASE_MEMORY_MS = 24 * 3_600_000
+# How long an ended lease (and an ended session) is remembered by default
+# (SPEC §6, `--ended-retention`): a late renewal is told why its lease ended,
+# and a fence check why a token is stale, for this long.
+DEFAULT_ENDED_RETENTION_MS = 24 * 3_600_000
 _PRUNE_EVERY_MS = 60_000
 # The most leases (and, separately, slots, waiters, lock delays and ended-lease
 # records) one reaper pass ends. A pass is one batch on the writer, and every
@@ -126,6 +129,7 @@ class SqlStore:
         # While set, pruning the memory of ended leases older than this goes on
         # pass after pass until it is done.
         self._forget_before_ms: int | None = None
+        self.ended_retention_ms = DEFAULT_ENDED_RETENTION_MS
         self._last_probe_ms = 0
         self.reap_bound = REAP_BOUND
 
@@ -541,9 +545,12 @@ class SqlStore:
 
         def op(tx: Tx) -> tuple[int, bool]:
             nonlocal probed
-            if tx.now_ms - self._last_prune_ms >= _PRUNE_EVERY_MS:
+            # Often enough that what is kept stays near the retention window
+            # however short it is set.
+            if tx.now_ms - self._last_prune_ms >= min(_PRUNE_EVERY_MS,
+                                                      max(1_000, self.ended_retention_ms // 4)):
                 self._last_prune_ms = tx.now_ms
-                self._forget_before_ms = tx.now_ms - ENDED_LEASE_MEMORY_MS
+                self._forget_before_ms = tx.now_ms - self.ended_retention_ms
             for dead in self._liveness.dead_replicas(tx):
                 # A dead replica's waiters leave every line at once (SPEC §7.4).
                 locks.drop_waiters_of(tx, dead)
