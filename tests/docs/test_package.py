@@ -35,9 +35,13 @@ def test_built_wheel_installs_and_serves(tmp_path: Path) -> None:
     assert any(n.endswith("/LICENSE") for n in names), names
     with zipfile.ZipFile(wheel) as whl:
         inside = whl.namelist()
-    assert any(n.startswith("fencepost/store/migrations/sqlite/") and n.endswith(".sql")
-               for n in inside), inside
-    assert any(n.startswith("fencepost/store/migrations/postgresql/") for n in inside)
+    # Every migration, SQL and Python alike: one left out of the wheel would
+    # simply never run on an installed server.
+    migrations = ROOT / "src" / "fencepost" / "store" / "migrations"
+    wanted = {f"fencepost/store/migrations/{path.relative_to(migrations)}"
+              for path in migrations.glob("*/*") if path.suffix in (".sql", ".py")}
+    assert any(name.endswith(".py") for name in wanted)
+    assert wanted <= set(inside), sorted(wanted - set(inside))
     assert "fencepost/server/assets/api-docs.css" in inside
     for console_file in ("index.html", "console.js", "console.css"):  # the web console
         assert f"fencepost/server/ui/{console_file}" in inside
