@@ -140,14 +140,16 @@ async def sessions_gone(url: str, store: Any) -> None:
 
 
 @contextlib.contextmanager
-def server_on(store_kind: str, folder: Any) -> Iterator[Any]:
+def server_on(store_kind: str, folder: Any, extra_args: list[str] | None = None
+              ) -> Iterator[Any]:
     """A started `fencepost serve` on a fresh store of `store_kind` ("sqlite": a file
-    in `folder`; "postgresql": a migrated throwaway database), stopped afterwards:
-    for tests that run one case on both stores over HTTP."""
+    in `folder`; "postgresql": a migrated throwaway database), with `extra_args`,
+    stopped afterwards: for tests that run one case on both stores over HTTP."""
     from support import ServerProcess
 
     with contextlib.ExitStack() as stack:
         store = stack.enter_context(migrated_database()) if store_kind == "postgresql" else None
-        started = ServerProcess(folder / store_kind, store=store).start()
+        started = ServerProcess(folder / store_kind, store=store,
+                                extra_args=list(extra_args or [])).start()
         stack.callback(started.stop)
         yield started

@@ -97,7 +97,7 @@ class AcquireAttempt:
 
 @dataclass(frozen=True, slots=True)
 class KeyChanged:
-    """An API key created or revoked (`key_id` is the key changed; the origin
+    """An API key created, retired or revoked (`key_id` is the key changed; the origin
     holds the admin's)."""
 
     action: str

@@ -92,8 +92,8 @@ class Authenticator:
         if record is not None:
             known.append(record)  # a refusal names the key (revoked ones too)
         now_ms = await self._store.now_ms()
-        if record is None or record.revoked_ms is not None:
-            raise Unauthorized("The API key is unknown or revoked.")
+        if record is None or record.ended:
+            raise Unauthorized("The API key is unknown, revoked or retired.")
         if record.expires_ms is not None and now_ms >= record.expires_ms:
             raise Unauthorized("The API key has expired.")
         client_ip = request.client.host if request.client else None

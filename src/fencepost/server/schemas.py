@@ -248,6 +248,11 @@ class RefreshKeyBody(Request):
              description="The successor's lifetime (default: the calling key's own); never "
              "longer than an admin granted the original key."),
     ] | None = None
+    retire_previous: Annotated[
+        bool,
+        Meta(description="Retire the calling key once its successor is minted, in the same "
+             "store operation: never a moment with both keys working, or neither."),
+    ] = False
 
 
 class KeyInfo(msgspec.Struct):
@@ -287,6 +292,15 @@ class KeyList(msgspec.Struct):
 
 class Revoked(msgspec.Struct):
     revoked: bool
+
+
+class Retired(msgspec.Struct):
+    """`retired` is true when the key is retired (now or before); false for a
+    revoked key, which stays revoked (`state`)."""
+
+    id: str
+    retired: bool
+    state: Literal["active", "expired", "retired", "revoked"]
 
 
 class WhoAmI(msgspec.Struct):

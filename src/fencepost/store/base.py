@@ -43,6 +43,13 @@ class KeyRecord:
     parent_id: str | None = None
     root_id: str | None = None
     granted_lifetime_ms: int | None = None
+    # Retired (SPEC §5): it no longer works, and its successors still do.
+    retired_ms: int | None = None
+
+    @property
+    def ended(self) -> bool:
+        """Revoked or retired: refused everywhere, for good."""
+        return self.revoked_ms is not None or self.retired_ms is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,7 +343,17 @@ class Store(Protocol):
         """Revoke the key and every key minted from it by refresh, transitively.
         False when the project has no such key."""
 
-    async def refresh_key(self, key_id: str, expires_in_ms: int | None) -> tuple[KeyRecord, str]:
+    async def retire_key(
+        self, project: str, key_id: str, by_key_id: str, by_admin: bool
+    ) -> KeyRecord | None:
+        """Retire the project's key `key_id` (idempotent; a revoked key stays
+        revoked): it is refused from now on, and the keys refreshed from it
+        are not. The key as it is after; None when the project has no such
+        key; Forbidden unless `by_admin` or `by_key_id` is the key itself."""
+
+    async def refresh_key(
+        self, key_id: str, expires_in_ms: int | None, retire_previous: bool = False
+    ) -> tuple[KeyRecord, str]:
         """Mint a successor of the key (same project, role, name, allowlist and
         quota). Raises Unauthorized when the key is revoked or expired, and
         ValidationError when the asked lifetime exceeds the chain's grant."""

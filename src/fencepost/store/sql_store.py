@@ -235,10 +235,21 @@ class SqlStore:
             lambda tx: keys.revoke_key(tx, project, key_id), _KEY_MANAGEMENT
         )
 
-    async def refresh_key(self, key_id: str, expires_in_ms: int | None) -> tuple[KeyRecord, str]:
+    async def retire_key(
+        self, project: str, key_id: str, by_key_id: str, by_admin: bool
+    ) -> KeyRecord | None:
+        return await self._writer.run(
+            lambda tx: keys.retire_key(tx, project, key_id, by_key_id, by_admin),
+            _KEY_MANAGEMENT,
+        )
+
+    async def refresh_key(
+        self, key_id: str, expires_in_ms: int | None, retire_previous: bool = False
+    ) -> tuple[KeyRecord, str]:
         secret = new_secret()
         record = await self._writer.run(
-            lambda tx: keys.refresh_key(tx, self._pepper, key_id, expires_in_ms, secret),
+            lambda tx: keys.refresh_key(
+                tx, self._pepper, key_id, expires_in_ms, secret, retire_previous),
             _KEY_MANAGEMENT,
         )
         return record, secret

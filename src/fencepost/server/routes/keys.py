@@ -1,4 +1,4 @@
-"""Key routes (SPEC §5): create, list, revoke, refresh, whoami."""
+"""Key routes (SPEC §5): create, list, revoke, retire, refresh, whoami."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from fencepost.store.base import KeyRecord, NewKey
 def _state(record: KeyRecord, now_ms: int) -> str:
     if record.revoked_ms is not None:
         return "revoked"
+    if record.retired_ms is not None:
+        return "retired"
     if record.expires_ms is not None and record.expires_ms <= now_ms:
         return "expired"
     return "active"
@@ -75,12 +77,36 @@ async def refresh_key(call: Call[schemas.RefreshKeyBody | None]) -> Response:
     expires_in_ms = None
     if call.body is not None and call.body.expires_in_seconds is not None:
         expires_in_ms = call.body.expires_in_seconds * 1000
-    record, secret = await svc.store.refresh_key(caller.key_id, expires_in_ms)
+    retire = call.body is not None and call.body.retire_previous
+    record, secret = await svc.store.refresh_key(caller.key_id, expires_in_ms, retire)
+    if retire:
+        svc.auth.forget(caller.key_id)  # refused here at once, elsewhere within 2 s
     svc.access_log.write(
         "key.refresh", project=caller.project, key_id=caller.key_id,
         new_key_id=record.id, request_id=call.request_id,
+        **({"retired_key_id": caller.key_id} if retire else {}),
     )
     return _created(record, secret)
+
+
+async def retire_key(call: Call[None]) -> Response:
+    """POST /v1/keys/{id}/retire: an admin of the project, or the key itself,
+    ends the key and leaves its successors working (SPEC §5)."""
+    svc, caller, key_id = call.services, call.caller, call.params["id"]
+    record = await svc.store.retire_key(caller.project, key_id, caller.key_id,
+                                        caller.role is Role.ADMIN)
+    if record is None:
+        raise NotFound("This project has no key with that ID.")
+    svc.auth.forget(key_id)  # refused here at once, elsewhere within 2 s
+    svc.access_log.write(
+        "key.retire", project=caller.project, key_id=caller.key_id, retired_key_id=key_id,
+        request_id=call.request_id,
+    )
+    state = _state(record, await svc.store.now_ms())
+    return json_response(200, schemas.Retired(
+        id=key_id, retired=record.revoked_ms is None,
+        state=state,  # type: ignore[arg-type]
+    ))
 
 
 async def list_keys(call: Call[None]) -> Response:

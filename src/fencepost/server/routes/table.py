@@ -18,6 +18,7 @@ from fencepost.core.sessions import SESSION_ID_PATTERN
 from fencepost.errors import (
     Capped,
     FencepostError,
+    Forbidden,
     InvalidRequest,
     LeaseExpired,
     LeaseLost,
@@ -295,6 +296,13 @@ ROUTES: tuple[RouteSpec, ...] = (
         "DELETE", "/v1/keys/{id}", keys.revoke_key, "revokeKey", "Revoke a key", Role.ADMIN,
         responses=((200, schemas.Revoked, "Revoked."),),
         errors=(NotFound,),
+    ),
+    RouteSpec(
+        "POST", "/v1/keys/{id}/retire", keys.retire_key, "retireKey",
+        "Retire a key: it stops working, the keys refreshed from it do not (an admin of "
+        "the project, or the key itself)", Role.READER,
+        responses=((200, schemas.Retired, "Retired (now or before), or revoked already."),),
+        errors=(Forbidden, NotFound),
     ),
     RouteSpec(
         "GET", "/v1/whoami", keys.whoami, "whoAmI", "Who this key is", Role.READER,

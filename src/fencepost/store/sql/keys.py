@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 from fencepost.core.keys import (
@@ -16,7 +17,13 @@ from fencepost.core.keys import (
     successor_lifetime_ms,
 )
 from fencepost.core.quota import RateGate
-from fencepost.errors import Conflict, QuotaExceeded, Unauthorized, ValidationError
+from fencepost.errors import (
+    Conflict,
+    Forbidden,
+    QuotaExceeded,
+    Unauthorized,
+    ValidationError,
+)
 from fencepost.events import KeyChanged
 from fencepost.store.base import KeyRecord, NewKey
 from fencepost.store.batch import Refused, Tx
@@ -39,6 +46,7 @@ class _KeyRow(NamedTuple):
     parent_id: str | None
     root_id: str | None
     granted_lifetime_ms: int | None
+    retired_ms: int | None
 
 
 _KEY_COLUMNS = columns(_KeyRow)
@@ -60,6 +68,7 @@ def _key_record(row: Any) -> KeyRecord:
         parent_id=r.parent_id,
         root_id=r.root_id,
         granted_lifetime_ms=r.granted_lifetime_ms,
+        retired_ms=r.retired_ms,
     )
 
 
@@ -101,12 +110,13 @@ def _new_record(
 
 def _insert(tx: Tx, record: KeyRecord) -> KeyRecord:
     tx.execute(
-        f"INSERT INTO api_keys ({_KEY_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        f"INSERT INTO api_keys ({_KEY_COLUMNS}) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (
             record.id, record.project, record.role.label, record.name, record.secret_hash,
             record.created_ms, record.expires_ms, json.dumps(record.allow_ips),
             record.rpm_quota, None, record.parent_id, record.root_id,
-            record.granted_lifetime_ms,
+            record.granted_lifetime_ms, None,
         ),
     )
     tx.events.append(
@@ -121,15 +131,18 @@ REFRESH_EVERY_MS = 60_000
 
 
 def refresh_key(
-    tx: Tx, pepper: bytes, key_id: str, expires_in_ms: int | None, secret: str
+    tx: Tx, pepper: bytes, key_id: str, expires_in_ms: int | None, secret: str,
+    retire_previous: bool = False,
 ) -> KeyRecord | Refused:
     """Mint the successor of `key_id` (SPEC §5), decided on the row as it is
-    now: a key revoked or expired a moment ago (still trusted by a replica's
-    cache) cannot refresh, and a refresh and a revocation never interleave."""
+    now: a key revoked, retired or expired a moment ago (still trusted by a
+    replica's cache) cannot refresh, and a refresh and a revocation or
+    retirement never interleave. With `retire_previous`, `key_id` is retired
+    in the same transaction: never a moment with both keys working, or none."""
     row = tx.execute(f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE id = ?", (key_id,)).fetchone()
     caller = None if row is None else _key_record(row)
-    if caller is None or caller.revoked_ms is not None:
-        raise Unauthorized("The API key is unknown or revoked.")
+    if caller is None or caller.ended:
+        raise Unauthorized("The API key is unknown, revoked or retired.")
     if caller.expires_ms is not None and tx.now_ms >= caller.expires_ms:
         raise Unauthorized("The API key has expired.")
     granted = granted_lifetime_ms(caller.granted_lifetime_ms, caller.created_ms, caller.expires_ms)
@@ -148,7 +161,10 @@ def refresh_key(
             f"{(wait_ms + 999) // 1000} s.", retry_after_ms=wait_ms,
         ))
     new = NewKey(caller.role, caller.name, lifetime, list(caller.allow_ips), caller.rpm_quota)
-    return _insert(tx, _new_record(tx, pepper, caller.project, new, secret, granted, caller))
+    successor = _insert(tx, _new_record(tx, pepper, caller.project, new, secret, granted, caller))
+    if retire_previous:
+        retire_key(tx, caller.project, caller.id, caller.id, False)
+    return successor
 
 
 def bootstrap(tx: Tx, pepper: bytes, secret: str | None) -> str | None:
@@ -220,6 +236,30 @@ def revoke_key(tx: Tx, project: str, key_id: str) -> bool:
         (key_id, tx.now_ms),
     )
     return True
+
+
+def retire_key(
+    tx: Tx, project: str, key_id: str, by_key_id: str, by_admin: bool
+) -> KeyRecord | Refused | None:
+    """Retire the key (SPEC §5): it stops working, the keys refreshed from it
+    do not (a planned rotation; revoke_key is for a leak). Only an admin of
+    the project or the key itself may (else Refused: Forbidden, before
+    anything is written). Idempotent: the first retirement's time is kept,
+    and a revoked key stays revoked. None when the project has no such key."""
+    # Contract: scoped by project, so one project can never retire another's key.
+    row = tx.execute(f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE id = ? AND project = ?",
+                     (key_id, project)).fetchone()
+    if row is None:
+        return None
+    if not by_admin and by_key_id != key_id:
+        return Refused(Forbidden(
+            "Only an admin of the project, or the key itself, may retire a key."))
+    record = _key_record(row)
+    if record.ended:
+        return record  # retired before (the first time is kept), or revoked
+    tx.execute("UPDATE api_keys SET retired_ms = ? WHERE id = ?", (tx.now_ms, key_id))
+    tx.events.append(KeyChanged("retired", project, key_id, None, tx.origin))
+    return replace(record, retired_ms=tx.now_ms)
 
 
 def find_key(tx: Tx, secret_hash: str) -> KeyRecord | None:
