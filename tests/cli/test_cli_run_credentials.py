@@ -20,6 +20,8 @@ from support import ServerProcess, track, unique_name
 CREDENTIALS = {
     "FENCEPOST_BOOTSTRAP_KEY": "fp_bootstrap_secret_for_the_run_tests_0123456789",
     "FENCEPOST_METRICS_KEY": "metrics-secret-for-the-run-tests",
+    # A store URL may carry a database password.
+    "FENCEPOST_STORE": "postgresql://fencepost:db-password-for-the-run-tests@db/fencepost",
 }
 # Not secrets: a custom variable, and a path (of a file CMD could read anyway).
 OTHERS = {"MY_VAR": "my value, with spaces", "FENCEPOST_TLS_KEY": "/etc/fencepost/tls.key"}

@@ -66,11 +66,13 @@ EX_TEMPFAIL = 75
 SLOW_GRANT_S = 1.0
 MIN_REQUEST_TIMEOUT_S = 1.0
 # Variables whose value is a fencepost secret: the API key the client reads,
-# and the server's bootstrap (admin) key and metrics key, should the same
-# environment serve both. CMD gets none of them without --pass-credentials.
-# (FENCEPOST_URL, FENCEPOST_CA_BUNDLE and FENCEPOST_TLS_* are not secrets:
-# an address, and paths of files.)
-CREDENTIAL_VARIABLES = ("FENCEPOST_API_KEY", "FENCEPOST_BOOTSTRAP_KEY", "FENCEPOST_METRICS_KEY")
+# and the server's bootstrap (admin) key, metrics key and store URL (which may
+# hold a database password), should the same environment serve both. CMD
+# gets none of them without --pass-credentials. (FENCEPOST_URL,
+# FENCEPOST_CA_BUNDLE and FENCEPOST_TLS_* are not secrets: an address, and
+# paths of files.)
+CREDENTIAL_VARIABLES = ("FENCEPOST_API_KEY", "FENCEPOST_BOOTSTRAP_KEY", "FENCEPOST_METRICS_KEY",
+                        "FENCEPOST_STORE")
 
 
 def _terminal_foreground() -> bool:
@@ -155,8 +157,8 @@ async def run(ctx: Ctx, lock_keys: tuple[str, ...], shared: bool, pool_name: str
     FENCEPOST_LOCK_KEYS and FENCEPOST_FENCING_TOKENS (several: `key=token`
     pairs, comma-separated), or FENCEPOST_POOL and FENCEPOST_SLOT_ID, with the
     rest of fencepost's environment except its credentials: FENCEPOST_API_KEY
-    (and the server's FENCEPOST_BOOTSTRAP_KEY and FENCEPOST_METRICS_KEY) reach
-    CMD only with --pass-credentials. CMD may be any code, and fencepost's key,
+    (and the server's FENCEPOST_BOOTSTRAP_KEY, FENCEPOST_METRICS_KEY and
+    FENCEPOST_STORE) reach CMD only with --pass-credentials. CMD may be any code, and fencepost's key,
     perhaps an admin key, must not leak into it.
 
     Exits with CMD's exit code. Before CMD runs: 3 (or --busy-exit-code) when
