@@ -1,4 +1,5 @@
-"""`fencepost lock fence-check`, `--lock-delay` and `fencepost key refresh`."""
+"""`fencepost lock fence-check`, `--lock-delay`, `fencepost key refresh`, `key retire`
+and `key list`'s lineage."""
 
 from __future__ import annotations
 
@@ -59,3 +60,26 @@ def test_key_refresh_prints_the_new_secret_alone(server: ServerProcess) -> None:
     too_long = fp("key", "refresh", "--expires-in", "3601", env=env)
     assert_clean_failure(too_long, 2)
     assert "expires_in_seconds" in too_long.stderr
+
+
+def test_key_retire_and_refresh_retire_previous_and_the_lineage_listed(
+        server: ServerProcess) -> None:
+    created = server.create_key("member", name="cli-rotate")
+    out = fp("key", "refresh", "-q", "--retire-previous", env=cli_env(server, created["key"]))
+    assert out.returncode == 0, out.stderr
+    secret = out.stdout.strip()
+    assert fp("whoami", env=cli_env(server, created["key"])).returncode == 6  # refused
+    successor = fp_json("whoami", env=cli_env(server, secret))["key_id"]
+    admin = cli_env(server, server.admin_key)
+    listed = {k["id"]: k for k in fp_json("key", "list", env=admin)["keys"]}
+    assert listed[created["id"]]["state"] == "retired"
+    assert listed[successor]["refreshed_from"] == created["id"]
+    table = fp("key", "list", env=admin)
+    assert table.returncode == 0 and "STATE" in table.stdout and "FROM" in table.stdout
+    row = next(line for line in table.stdout.splitlines() if line.startswith(successor))
+    assert "active" in row and created["id"] in row
+    assert fp_json("key", "retire", successor, env=admin) == {"retired": True}
+    human = fp("key", "retire", successor, env=admin)  # again: the same
+    assert human.returncode == 0 and f"retired key {successor}" in human.stdout
+    assert fp("whoami", env=cli_env(server, secret)).returncode == 6
+    assert fp("key", "retire", "key_0000000000000000", env=admin).returncode == 5

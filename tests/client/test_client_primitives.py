@@ -11,7 +11,7 @@ import pytest
 import fencepost
 import fencepost.client
 import fencepost.errors
-from fencepost.errors import Forbidden, LockHeld
+from fencepost.errors import Forbidden, LockHeld, NotFound, Unauthorized
 from support import ServerProcess, unique_name, wait_until
 
 
@@ -85,6 +85,35 @@ def test_refresh_key_by_hand(server: ServerProcess) -> None:
         assert successor.id != created["id"]
     with fencepost.Client(server.base_url, successor.key) as c:
         assert c.whoami().key_id == successor.id
+
+
+def test_retire_key_and_a_refresh_that_retires_the_previous_key(server: ServerProcess) -> None:
+    created = server.create_key("member", name="rotating")
+    with fencepost.Client(server.base_url, created["key"]) as c:
+        successor = c.refresh_key(retire_previous=True)
+        with pytest.raises(Unauthorized):
+            c.whoami()  # this client's key is retired now
+    with fencepost.Client(server.base_url, successor.key) as c:
+        assert c.whoami().key_id == successor.id
+        assert c.retire_key(successor.id) is True  # the key itself may
+        with pytest.raises(Unauthorized):
+            c.whoami()
+    with fencepost.Client(server.base_url, server.admin_key) as admin:
+        states = {k.id: (k.state, k.refreshed_from) for k in admin.list_keys()}
+        assert states[created["id"]] == ("retired", None)
+        assert states[successor.id] == ("retired", created["id"])
+        assert admin.retire_key(successor.id) is True  # idempotent
+        with pytest.raises(NotFound):
+            admin.retire_key("key_0000000000000000")
+
+
+async def test_async_client_retires_a_key(server: ServerProcess) -> None:
+    created = server.create_key("reader")
+    async with fencepost.AsyncClient(server.base_url, server.admin_key) as admin:
+        assert await admin.retire_key(created["id"]) is True
+    async with fencepost.AsyncClient(server.base_url, created["key"]) as c:
+        with pytest.raises(Unauthorized):
+            await c.whoami()
 
 
 def test_sync_client_refreshes_its_key_before_it_expires(server: ServerProcess) -> None:

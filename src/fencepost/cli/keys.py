@@ -52,17 +52,21 @@ async def create(ctx: Ctx, role: str, name: str | None, expires_in: int | None,
               metavar="SECONDS",
               help="The new key's lifetime (default: the current key's own; never longer "
                    "than an admin granted the original).")
+@click.option("--retire-previous", is_flag=True, default=False,
+              help="Retire the key in use once its successor is minted (in the same store "
+                   "operation): deploy the new secret first.")
 @quiet_option("the secret, and no remark on stderr")
 @connection_options
 @api_command
-async def refresh(ctx: Ctx, expires_in: int | None, quiet: bool) -> None:
+async def refresh(ctx: Ctx, expires_in: int | None, retire_previous: bool, quiet: bool) -> None:
     """Mint a successor of the API key in use (any role) and print its secret
     alone on stdout (shown only once), so that
     `FENCEPOST_API_KEY=$(fencepost key refresh -q)` swaps keys. The current key
-    keeps working until its own expiry; revoking it revokes the successor too."""
+    keeps working until its own expiry (unless --retire-previous); revoking it
+    revokes the successor too."""
     check_output_mode(ctx, quiet)
     async with ctx.client() as client:
-        created = await client.refresh_key(expires_in)
+        created = await client.refresh_key(expires_in, retire_previous)
     if ctx.as_json:
         ctx.emit(created.to_dict(), "")
         return
@@ -77,14 +81,14 @@ async def refresh(ctx: Ctx, expires_in: int | None, quiet: bool) -> None:
 @connection_options
 @api_command
 async def list_(ctx: Ctx) -> None:
-    """List the project's keys (never their secrets)."""
+    """List the project's keys (never their secrets): each key's state (active,
+    expired, retired, revoked) and the key it was refreshed FROM, its lineage."""
     async with ctx.client() as client:
         keys = await client.list_keys()
     ctx.emit({"keys": [k.to_dict() for k in keys]}, lambda: table(
-        ["ID", "ROLE", "NAME", "CREATED", "EXPIRES", "REVOKED", "RPM", "ALLOW IPS"],
-        [[k.id, k.role, k.name, relative(k.created_at),
-          relative(k.expires_at) if k.expires_at else None,
-          relative(k.revoked_at) if k.revoked_at else None, k.rpm_quota,
+        ["ID", "ROLE", "NAME", "STATE", "FROM", "CREATED", "EXPIRES", "RPM", "ALLOW IPS"],
+        [[k.id, k.role, k.name, k.state, k.refreshed_from, relative(k.created_at),
+          relative(k.expires_at) if k.expires_at else None, k.rpm_quota,
           ",".join(k.allow_ips)] for k in keys],
     ))
 
@@ -98,6 +102,20 @@ async def revoke(ctx: Ctx, key_id: str) -> None:
     async with ctx.client() as client:
         revoked = await client.revoke_key(key_id)
     ctx.emit({"revoked": revoked}, f"revoked key {key_id}")
+
+
+@key.command("retire")
+@click.argument("key_id")
+@connection_options
+@api_command
+async def retire(ctx: Ctx, key_id: str) -> None:
+    """Retire key KEY_ID (an admin, or the key itself): it stops working, the keys
+    refreshed from it do not (a planned rotation; `revoke` a leaked key, which
+    takes its successors too). Exit code 5 if unknown."""
+    async with ctx.client() as client:
+        retired = await client.retire_key(key_id)
+    ctx.emit({"retired": retired},
+             f"retired key {key_id}" if retired else f"key {key_id} was revoked already")
 
 
 @click.command()

@@ -158,8 +158,8 @@ async def run(ctx: Ctx, lock_keys: tuple[str, ...], shared: bool, pool_name: str
     pairs, comma-separated), or FENCEPOST_POOL and FENCEPOST_SLOT_ID, with the
     rest of fencepost's environment except its credentials: FENCEPOST_API_KEY
     (and the server's FENCEPOST_BOOTSTRAP_KEY, FENCEPOST_METRICS_KEY and
-    FENCEPOST_STORE) reach CMD only with --pass-credentials. CMD may be any code, and fencepost's key,
-    perhaps an admin key, must not leak into it.
+    FENCEPOST_STORE) reach CMD only with --pass-credentials. CMD may be any
+    code, and fencepost's key, perhaps an admin key, must not leak into it.
 
     Exits with CMD's exit code. Before CMD runs: 3 (or --busy-exit-code) when
     the lock or slot is not free in time, and the codes of other commands for

@@ -118,6 +118,7 @@ class Methods:
     create_key = operation(ops.create_key)
     list_keys = operation(ops.list_keys)
     revoke_key = operation(ops.revoke_key)
+    retire_key = operation(ops.retire_key)
     refresh_key = operation(ops.refresh_key)
     whoami = operation(ops.whoami)
     health = operation(ops.health)

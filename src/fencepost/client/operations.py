@@ -537,14 +537,30 @@ def revoke_key(key_id: str) -> Op[bool]:
     return _one(Call("DELETE", f"/v1/keys/{id_segment(key_id)}", decode_flag("revoked")))
 
 
-def refresh_key(expires_in: int | None = None) -> Op[CreatedKey]:
+def retire_key(key_id: str) -> Op[bool]:
+    """Retire key `key_id` (an admin of the project, or the key itself): it stops
+    working, the keys refreshed from it do not (a planned rotation; revoke a
+    leaked key instead). True when it is retired (now or before), False when
+    it was revoked already. Raises `NotFound` for an ID the project does not
+    have, `Forbidden` for another key when this one is not an admin."""
+    # Retried like any idempotent call: retiring twice is retiring once.
+    return _one(Call("POST", f"/v1/keys/{id_segment(key_id)}/retire", decode_flag("retired")))
+
+
+def refresh_key(expires_in: int | None = None, retire_previous: bool = False) -> Op[CreatedKey]:
     """Mint a successor of this client's own API key, with its role, name,
     allowlist and quota, expiring `expires_in` seconds from now (default: this
     key's own lifetime; never longer than an admin granted the original). This
-    key keeps working until its own expiry; revoking it revokes the successor.
-    The client goes on using its own key: pass the new `key` to a new client,
-    or use `on_key_refresh=` to have the client refresh and swap by itself."""
-    body = None if expires_in is None else {"expires_in_seconds": expires_in}
+    key keeps working until its own expiry, unless `retire_previous`: then it
+    is retired in the same store operation (never both keys working, or
+    neither), and this client's next calls with it are refused. Revoking it
+    revokes the successor. The client goes on using its own key: pass the new
+    `key` to a new client, or use `on_key_refresh=` to have the client refresh
+    and swap by itself."""
+    body: dict[str, Any] | None = None
+    if expires_in is not None or retire_previous:
+        body = {**({"expires_in_seconds": expires_in} if expires_in is not None else {}),
+                **({"retire_previous": True} if retire_previous else {})}
     # Not retried: an attempt whose answer was lost may have minted a key, and a
     # retry would mint another (both die with the chain, but why leave one about).
     return _one(Call("POST", "/v1/keys/refresh", decode_as(CreatedKey), body=body, retry=False))
