@@ -319,10 +319,14 @@ class PostgresEngine:
             return await self._judged(conn, writes)
 
     async def _judged(self, conn: _Connection, writes: bool) -> _Connection:
+        # The tokens seen before the database is read: grants on other
+        # connections go on meanwhile, and a token drawn after the read would
+        # make the very database being written to look behind.
+        seen = dict(self.high_water)
         standing = await _standing(conn)
-        change = change_of(standing, self.written, self.high_water)
+        change = change_of(standing, self.written, seen)
         if change is Change.BACK:
-            found = await self._look_past(standing)
+            found = await self._look_past(standing, seen)
             if found is not None:
                 _log.warning(
                     "the store's host answered with a database behind one fencepost wrote to "
@@ -331,14 +335,16 @@ class PostgresEngine:
                     standing.identity, self.written.last, found[1].identity)
                 await conn.close()
                 conn, standing = found
-                change = change_of(standing, self.written, self.high_water)
+                change = change_of(standing, self.written, seen)
         self.saw(standing)
         if writes:
             await self._settle(conn, standing, change)
         conn.identity = standing.identity
         return conn
 
-    async def _look_past(self, behind: Standing) -> tuple[_Connection, Standing] | None:
+    async def _look_past(
+        self, behind: Standing, seen: dict[str, int]
+    ) -> tuple[_Connection, Standing] | None:
         """A connection to another host of a multi-host URL whose database is
         a primary not behind any this process wrote to, with its standing;
         None when no such host answers (or the URL names one host)."""
@@ -350,7 +356,7 @@ class PostgresEngine:
             try:
                 standing = await _standing(conn)
                 if standing.identity != behind.identity and \
-                        change_of(standing, self.written, self.high_water) is not Change.BACK:
+                        change_of(standing, self.written, seen) is not Change.BACK:
                     return conn, standing
             except psycopg.Error:
                 pass
