@@ -233,14 +233,14 @@ def test_keys_are_listed_per_project(project_a: Project, project_b: Project) -> 
     a_key = project_a.server.create_key("reader", name=unique_name("a-key"))
     with project_b.client() as c:
         b_key = c.post("/v1/keys", json={"role": "reader", "name": unique_name("b-key")}).json()
-        b_list = c.get("/v1/keys")
+        b_list = c.get("/v1/keys", params={"limit": "1000"})
     assert b_list.status_code == 200, b_list.text
     b_ids = {k["id"] for k in b_list.json()["keys"]}
     assert b_key["id"] in b_ids and a_key["id"] not in b_ids
     assert all(k["project"] == project_b.name for k in b_list.json()["keys"])
     assert a_key["name"] not in b_list.text
     with project_a.client() as c:
-        a_list = c.get("/v1/keys")
+        a_list = c.get("/v1/keys", params={"limit": "1000"})
     a_ids = {k["id"] for k in a_list.json()["keys"]}
     assert a_key["id"] in a_ids and b_key["id"] not in a_ids
     assert not a_ids & b_ids

@@ -59,7 +59,7 @@ class AccessLog:
         file at the path. Standard error is left as it is. Whether a file was
         reopened; a path that cannot be opened keeps the old file (logged by
         the caller) rather than losing lines."""
-        if not self._owned or self.target is None:
+        if self.target is None:
             return False
         self.flush()
         fresh = open(self.target, "ab")

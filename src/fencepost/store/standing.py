@@ -173,11 +173,6 @@ class WentBack:
     tokens_from: int
     count: int
 
-    @property
-    def as_json(self) -> dict[str, Any]:
-        return {"before": self.before, "after": self.after, "tokens_from": self.tokens_from,
-                "count": self.count}
-
 
 def change_of(standing: Standing, written: Written, high_water: dict[str, int]) -> Change:
     """Judge a database reached by a connection (see the module's docstring).
