@@ -54,8 +54,13 @@ def test_key_refresh_prints_the_new_secret_alone(server: ServerProcess) -> None:
     me = fp_json("whoami", env=cli_env(server, secret))
     assert me["role"] == "reader" and me["key_id"] != created["id"]
     assert me["expires_at"] is not None
-    # The successor refreshes in turn (a key refreshes at most once a minute).
+    # The successor shares its first key's minute (SPEC §5: a lineage refreshes
+    # at most once a minute), and says so.
     human = fp("key", "refresh", "--expires-in", "60", env=cli_env(server, secret))
+    assert_clean_failure(human, 3)  # busy: try again later
+    assert "once a minute" in human.stderr
+    other = server.create_key("reader", expires_in_seconds=3600)
+    human = fp("key", "refresh", "--expires-in", "60", env=cli_env(server, other["key"]))
     assert human.returncode == 0 and "refreshed: new reader key" in human.stderr
     too_long = fp("key", "refresh", "--expires-in", "3601", env=env)
     assert_clean_failure(too_long, 2)

@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
 
 import fencepost
@@ -155,6 +158,72 @@ async def test_async_client_refreshes_with_an_async_callback(server: ServerProce
             await c.health()
         assert seen, "never refreshed"
         assert (await c.whoami()).key_id != created["id"]
+
+
+class _HoldsTheOldKeysLockRead(httpx.BaseTransport):
+    """A real HTTP transport that holds the first lock read sent with `old`
+    until `go` is set: it reaches the server only after the key is retired."""
+
+    def __init__(self, old: str) -> None:
+        self.inner = httpx.HTTPTransport()
+        self.old = old
+        self.go = threading.Event()
+        self.sent: list[str] = []  # "old" or "new", per lock read
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path.startswith("/v1/locks/"):
+            old = request.headers["authorization"] == f"Bearer {self.old}"
+            self.sent.append("old" if old else "new")
+            if old and self.sent.count("old") == 1:
+                assert self.go.wait(20)
+        return self.inner.handle_request(request)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_sync_client_refresh_retires_the_old_key_and_resends_what_it_had_in_flight(
+        server: ServerProcess) -> None:
+    created = server.create_key("member", expires_in_seconds=3, name="rotating")
+    secrets: list[fencepost.client.CreatedKey] = []
+    transport = _HoldsTheOldKeysLockRead(created["key"])
+    with fencepost.Client(server.base_url, created["key"], on_key_refresh=secrets.append,
+                          retire_previous=True, transport=transport) as c:
+        c.whoami()  # learns the expiry: due in two seconds
+        key = unique_name("inflight")
+        with ThreadPoolExecutor(1) as pool:
+            in_flight = pool.submit(c.get_lock, key)  # sent with the old key, held
+            wait_until(lambda: transport.sent == ["old"], "the lock read to be in flight")
+            time.sleep(2.1)
+            assert c.whoami().key_id == secrets[0].id  # refreshed, old key retired
+            transport.go.set()
+            assert in_flight.result(timeout=20).key == key  # refused once, sent again
+        assert transport.sent == ["old", "new"]
+    with server.client() as admin:
+        assert admin.get("/v1/whoami", headers={"Authorization": f"Bearer {created['key']}"}
+                         ).status_code == 401
+        states = {k["id"]: k["state"] for k in
+                  admin.get("/v1/keys", params={"limit": "1000"}).json()["keys"]}
+    # Retired, not expired: it stopped when its successor was minted.
+    assert states[created["id"]] == "retired" and states[secrets[0].id] == "active"
+
+
+async def test_async_client_refresh_retires_the_old_key(server: ServerProcess) -> None:
+    created = server.create_key("member", expires_in_seconds=3, name="rotating-async")
+    seen: list[fencepost.client.CreatedKey] = []
+
+    async with fencepost.AsyncClient(server.base_url, created["key"], on_key_refresh=seen.append,
+                                     retire_previous=True) as c:
+        await c.whoami()
+        await asyncio.sleep(2.1)
+        # Many calls at the moment the refresh is due: each is answered with a key
+        # that works (the old one retired under some of them is resent).
+        views = await asyncio.gather(*(c.get_lock(unique_name("burst")) for _ in range(20)))
+        assert len(views) == 20 and len(seen) == 1
+        assert (await c.whoami()).key_id == seen[0].id
+    async with fencepost.AsyncClient(server.base_url, created["key"]) as old:
+        with pytest.raises(Unauthorized):
+            await old.whoami()
 
 
 def test_a_revoked_key_fails_to_refresh_and_the_client_carries_on(

@@ -57,3 +57,18 @@ def test_a_key_without_expiry_is_never_due_and_a_failure_backs_off() -> None:
     assert not state.is_due()
     clocks.advance(RETRY_AFTER_FAILURE_S)
     assert state.is_due()
+
+
+def test_a_refusal_that_names_a_wait_is_retried_after_it() -> None:
+    # A lineage refreshes once a minute (SPEC §5): keys sharing a first key
+    # may be refused with Retry-After, and asking every few seconds meanwhile
+    # would only be refused again.
+    state, clocks = schedule()
+    state.learn(WALL0 + timedelta(seconds=3600))
+    clocks.advance(2401)
+    assert state.is_due()
+    state.failed(retry_after_s=42.0)
+    clocks.advance(41.9)
+    assert not state.is_due()
+    clocks.advance(0.1)
+    assert state.is_due()

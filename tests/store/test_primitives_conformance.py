@@ -187,13 +187,15 @@ async def test_refresh_mints_a_successor_with_the_callers_terms(store, clock):
     assert successor.expires_ms == clock.now + 3_600_000  # the caller's own lifetime
     assert (successor.parent_id, successor.root_id) == (original.id, original.id)
     assert (await store.find_key(secret)).revoked_ms is None  # the old one keeps working
-    shorter, _ = await store.refresh_key(successor.id, 90_000)
-    assert shorter.expires_ms == clock.now + 90_000
+    clock.advance(60_000)  # a lineage refreshes once a minute
+    shorter, _ = await store.refresh_key(successor.id, 150_000)
+    assert shorter.expires_ms == clock.now + 150_000
     assert (shorter.parent_id, shorter.root_id) == (successor.id, original.id)
     # From a short-lived successor the default is its own (short) lifetime, and
     # nothing in the chain may outlive what an admin granted the original (a
-    # key refreshes once a minute: the clock moves on between).
-    assert (await store.refresh_key(shorter.id, None))[0].expires_ms == clock.now + 90_000
+    # lineage refreshes once a minute: the clock moves on between).
+    clock.advance(60_000)
+    assert (await store.refresh_key(shorter.id, None))[0].expires_ms == clock.now + 150_000
     clock.advance(60_000)
     assert (await store.refresh_key(shorter.id, 3_600_000))[0].expires_ms == \
         clock.now + 3_600_000
@@ -201,7 +203,7 @@ async def test_refresh_mints_a_successor_with_the_callers_terms(store, clock):
         await store.refresh_key(shorter.id, 3_600_001)
 
 
-async def test_a_key_refreshes_at_most_once_a_minute(store, clock):
+async def test_a_lineage_refreshes_at_most_once_a_minute(store, clock):
     from fencepost.core.keys import Role
     from fencepost.errors import QuotaExceeded
     from fencepost.store.base import NewKey
@@ -209,16 +211,28 @@ async def test_a_key_refreshes_at_most_once_a_minute(store, clock):
     await store.bootstrap(None)  # creates the project
 
     original, _ = await store.create_key(P, NewKey(Role.READER, expires_in_ms=3_600_000))
+    other, _ = await store.create_key(P, NewKey(Role.READER, expires_in_ms=3_600_000))
     successor, _ = await store.refresh_key(original.id, None)
     clock.advance(20_000)
     with pytest.raises(QuotaExceeded) as refused:
         await store.refresh_key(original.id, None)
     assert refused.value.retry_after_ms == 40_000
-    assert len(await store.list_keys(P)) == 3  # the bootstrap key, the original, one successor
-    # The successor is a key of its own: it may refresh (once).
-    await store.refresh_key(successor.id, None)
+    # The successor shares its first key's minute (SPEC §5: a lineage, not a
+    # key): successors each refreshing at once would multiply otherwise.
+    with pytest.raises(QuotaExceeded) as refused:
+        await store.refresh_key(successor.id, None)
+    assert refused.value.retry_after_ms == 40_000
+    assert len(await store.list_keys(P)) == 4  # bootstrap, original, other, one successor
+    await store.refresh_key(other.id, None)  # another lineage has a minute of its own
     clock.advance(40_000)
-    await store.refresh_key(original.id, None)  # a minute after its last refresh
+    grandchild, _ = await store.refresh_key(successor.id, None)  # a minute after the last
+    assert grandchild.root_id == original.id
+    clock.advance(30_000)
+    with pytest.raises(QuotaExceeded) as refused:  # the first key counts its grandchild
+        await store.refresh_key(original.id, None)
+    assert refused.value.retry_after_ms == 30_000
+    clock.advance(30_000)
+    await store.refresh_key(original.id, None)
 
 
 async def test_a_key_without_expiry_refreshes_to_one_without_expiry(store, clock):
@@ -258,6 +272,7 @@ async def test_revoking_a_key_revokes_every_successor_and_only_those(store, cloc
 
     leaked, _ = await store.create_key(P, NewKey(Role.MEMBER, expires_in_ms=3_600_000))
     child, child_secret = await store.refresh_key(leaked.id, None)
+    clock.advance(60_000)  # a lineage refreshes once a minute
     grandchild, grandchild_secret = await store.refresh_key(child.id, None)
     clock.advance(60_000)
     sibling, sibling_secret = await store.refresh_key(leaked.id, None)

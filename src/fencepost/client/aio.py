@@ -43,7 +43,7 @@ from fencepost.client.transport import (
     waited_too_long,
 )
 from fencepost.client.turns import Turns, turn_limit
-from fencepost.errors import FencepostError, TransportError, UnexpectedResponse
+from fencepost.errors import FencepostError, TransportError, Unauthorized, UnexpectedResponse
 
 T = TypeVar("T")
 
@@ -92,7 +92,10 @@ class AsyncClient(CurrentKey, Methods, AsyncRunner):
     two thirds of its life have passed, the client mints a successor
     (`POST /v1/keys/refresh`), uses it from then on, and calls
     `on_key_refresh(created)` (it may be async) so that you can store
-    `created.key`, the new secret. `on_renewed(sent)` is called after every
+    `created.key`, the new secret. With `retire_previous=True` the old key is
+    retired as its successor is minted (no old key left working until its
+    expiry); a call the old key had in flight that is refused for it is sent
+    once more with the new key. `on_renewed(sent)` is called after every
     lease renewal that got through, with the `time.monotonic()` instant its
     first attempt was sent (the lease runs at least its TTL from then). Use it
     with `async with` or call `aclose()`.
@@ -112,13 +115,16 @@ class AsyncClient(CurrentKey, Methods, AsyncRunner):
         transport: httpx.AsyncBaseTransport | None = None,
         ca_bundle: str | None = None,
         on_key_refresh: OnKeyRefresh | None = None,
+        retire_previous: bool = False,
         on_renewed: OnRenewed | None = None,
     ) -> None:
         self.settings = Settings.resolve(url, api_key, timeout, retries, ca_bundle=ca_bundle)
         self._edge = async_edge(self.settings, transport)
         self._on_key_refresh = on_key_refresh
-        self._key_refresh = KeyRefresh() if on_key_refresh is not None else None
+        self._key_refresh = (None if on_key_refresh is None
+                             else KeyRefresh(retire_previous=retire_previous))
         self._refreshing = asyncio.Lock()
+        self._refresher: asyncio.Task[Any] | None = None
         self._on_renewed = on_renewed
         self._turns = Turns(MAX_IN_FLIGHT)
 
@@ -146,6 +152,17 @@ class AsyncClient(CurrentKey, Methods, AsyncRunner):
         if self._key_refresh is not None and self._key_refresh.is_due() \
                 and not self._refreshing.locked():
             await self._refresh_key_now()
+        used = self.settings.api_key
+        try:
+            return await self._send_as_is(call, retries)
+        except Unauthorized as error:
+            if self._key_refresh is None or not self._key_refresh.retire_previous:
+                raise
+            if self._refresher is not asyncio.current_task():
+                async with self._refreshing:  # a refresh under way swaps the key as it ends
+                    pass
+            if not self._retired_since(error, used):
+                raise
         return await self._send_as_is(call, retries)
 
     async def _refresh_key_now(self) -> None:
@@ -153,20 +170,29 @@ class AsyncClient(CurrentKey, Methods, AsyncRunner):
         failure is logged and retried later, the current key still works."""
         assert self._key_refresh is not None and self._on_key_refresh is not None
         async with self._refreshing:
-            if not self._key_refresh.is_due():
-                return  # another task refreshed meanwhile
+            # The callback below may call the client: it must not wait for itself.
+            self._refresher = asyncio.current_task()
             try:
-                created = await drive(refresh_if_due(self._key_refresh), self._send_as_is)
-            except FencepostError as error:
-                self._key_refresh.failed()
-                log.warning("fencepost: refreshing the API key failed: %s", error)
-                return
-            if created is None:
-                return
-            self._use_key(created.key)
-            outcome = self._on_key_refresh(created)
-            if inspect.isawaitable(outcome):
-                await outcome
+                await self._refresh_key_locked()
+            finally:
+                self._refresher = None
+
+    async def _refresh_key_locked(self) -> None:
+        assert self._key_refresh is not None and self._on_key_refresh is not None
+        if not self._key_refresh.is_due():
+            return  # another task refreshed meanwhile
+        try:
+            created = await drive(refresh_if_due(self._key_refresh), self._send_as_is)
+        except FencepostError as error:
+            self._key_refresh.failed(error.retry_after)
+            log.warning("fencepost: refreshing the API key failed: %s", error)
+            return
+        if created is None:
+            return
+        self._use_key(created.key)
+        outcome = self._on_key_refresh(created)
+        if inspect.isawaitable(outcome):
+            await outcome
 
     async def _send_as_is(self, call: Call[T], retries: Retries | None = None) -> T:
         sent = time.monotonic()

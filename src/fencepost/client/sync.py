@@ -46,7 +46,7 @@ from fencepost.client.transport import (
     waited_too_long,
 )
 from fencepost.client.turns import turn_limit
-from fencepost.errors import FencepostError, TransportError, UnexpectedResponse
+from fencepost.errors import FencepostError, TransportError, Unauthorized, UnexpectedResponse
 
 T = TypeVar("T")
 
@@ -100,12 +100,14 @@ class Client(CurrentKey, Methods, SyncRunner):
         transport: httpx.BaseTransport | None = None,
         ca_bundle: str | None = None,
         on_key_refresh: OnKeyRefresh | None = None,
+        retire_previous: bool = False,
         on_renewed: OnRenewed | None = None,
     ) -> None:
         self.settings = Settings.resolve(url, api_key, timeout, retries, ca_bundle=ca_bundle)
         self._http = httpx.Client(transport=transport, **self.settings.client_options())
         self._on_key_refresh = on_key_refresh
-        self._key_refresh = KeyRefresh() if on_key_refresh is not None else None
+        self._key_refresh = (None if on_key_refresh is None
+                             else KeyRefresh(retire_previous=retire_previous))
         self._refreshing = threading.Lock()
         self._on_renewed = on_renewed
         self._turns = threading.BoundedSemaphore(MAX_IN_FLIGHT)
@@ -133,6 +135,16 @@ class Client(CurrentKey, Methods, SyncRunner):
     def _send(self, call: Call[T], retries: Retries | None = None) -> T:
         if self._key_refresh is not None and self._key_refresh.is_due():
             self._refresh_key_now()
+        used = self.settings.api_key
+        try:
+            return self._send_as_is(call, retries)
+        except Unauthorized as error:
+            if self._key_refresh is None or not self._key_refresh.retire_previous:
+                raise
+            with self._refreshing:  # a refresh under way swaps the key as it ends
+                pass
+            if not self._retired_since(error, used):
+                raise
         return self._send_as_is(call, retries)
 
     def _refresh_key_now(self) -> None:
@@ -147,7 +159,7 @@ class Client(CurrentKey, Methods, SyncRunner):
             try:
                 created = drive(refresh_if_due(self._key_refresh), self._send_as_is)
             except FencepostError as error:
-                self._key_refresh.failed()
+                self._key_refresh.failed(error.retry_after)
                 log.warning("fencepost: refreshing the API key failed: %s", error)
                 return
             if created is None:

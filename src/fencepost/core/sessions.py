@@ -21,8 +21,10 @@ SESSION_TTL_MIN_SECONDS = 5
 SESSION_TTL_MAX_SECONDS = 3600
 # "ses_" and 32 URL-safe characters: 192 random bits, since whoever knows a
 # session id of its own key may attach to it and end it.
-# Live sessions one API key may hold at once (SPEC §5): a member key cannot
-# fill the store with sessions, and a process needs one session, not many.
+# Live sessions one key's lineage (the key and every key refreshed from it,
+# SPEC §5) may hold at once: a member key cannot fill the store with
+# sessions, not even by refreshing itself into many keys, and a process needs
+# one session, not many.
 MAX_LIVE_SESSIONS = 1_000
 SESSION_ID_PREFIX = "ses_"
 SESSION_ID_PATTERN = "^ses_[A-Za-z0-9_-]{16,64}$"

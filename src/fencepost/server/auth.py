@@ -26,6 +26,9 @@ class Principal:
     project: str
     role: Role
     expires_ms: int | None = None
+    # The first key of the caller's refresh chain (SPEC §5): bounds that a
+    # key's successors share count by it. A first key is its own lineage.
+    lineage: str = ""
 
 
 @dataclass(slots=True)
@@ -104,7 +107,8 @@ class Authenticator:
             raise Forbidden(
                 f"This route needs the {needs.label} role; the key is a {record.role.label}."
             )
-        return Principal(record.id, record.project, record.role, record.expires_ms)
+        return Principal(record.id, record.project, record.role, record.expires_ms,
+                         record.root_id or record.id)
 
     async def _lookup(self, secret: str) -> tuple[KeyRecord | None, list[Network]]:
         # Cache by a keyed hash so raw secrets are not kept as dictionary keys.

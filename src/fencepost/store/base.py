@@ -478,8 +478,12 @@ class Store(Protocol):
     # it; to any other key it does not exist (NotFound). Acquires attach to one
     # through AcquireRequest.session_id and acquire_slot's `session_id`.
     async def create_session(
-        self, project: str, key_id: str, ttl_seconds: int, name: str | None
-    ) -> Session: ...
+        self, project: str, key_id: str, ttl_seconds: int, name: str | None,
+        lineage: str | None = None,
+    ) -> Session:
+        """A new session of the key's. `lineage` is the first key of its refresh
+        chain (None: the key itself): the lineage's live sessions are bounded
+        together. Raises TooManySessions."""
 
     async def renew_session(
         self, project: str, key_id: str, session_id: str, ttl_seconds: int

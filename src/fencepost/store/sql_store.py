@@ -446,13 +446,15 @@ class SqlStore:
 
     # --- sessions ------------------------------------------------------------------
     async def create_session(
-        self, project: str, key_id: str, ttl_seconds: int, name: str | None
+        self, project: str, key_id: str, ttl_seconds: int, name: str | None,
+        lineage: str | None = None,
     ) -> Session:
-        # The key's count of live sessions is read, then grown: creations by
-        # one key take turns (the new row's id is drawn inside: nobody knows it).
+        # The lineage's count of live sessions is read, then grown: creations
+        # by the keys of one lineage take turns, on every replica (the new
+        # row's id is drawn inside: nobody knows it).
         return await self._writer.run(
             lambda tx: sessions.create(tx, project, key_id, ttl_seconds, name),
-            (Key("sessions_of", project, key_id),),
+            (Key("sessions_of", project, lineage or key_id),),
         )
 
     async def _with_attached(

@@ -48,7 +48,8 @@ def session_state(view: SessionView) -> schemas.SessionState:
 async def create(call: Call[schemas.CreateSessionBody]) -> Response:
     caller, body = call.caller, call.body
     session = await call.services.store.create_session(
-        caller.project, caller.key_id, body.ttl_seconds, body.name
+        caller.project, caller.key_id, body.ttl_seconds, body.name,
+        lineage=caller.lineage or caller.key_id,
     )
     return json_response(201, session_grant(session))
 

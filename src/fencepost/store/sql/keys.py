@@ -125,8 +125,10 @@ def _insert(tx: Tx, record: KeyRecord) -> KeyRecord:
     return record
 
 
-# A key mints at most one successor in this long (SPEC §5): a key that
-# refreshes itself in a loop fills the table with siblings otherwise.
+# A key's lineage (its first key and every key refreshed from it, SPEC §5)
+# mints at most one successor in this long: a key that refreshes itself in a
+# loop fills the table otherwise, and so would its successors each refreshing
+# at once if the bound were per key.
 REFRESH_EVERY_MS = 60_000
 
 
@@ -152,12 +154,13 @@ def refresh_key(
     except ValueError as exc:
         raise ValidationError([{"field": "expires_in_seconds", "message": str(exc)}]) from None
     (last,) = tx.execute(
-        "SELECT max(created_ms) FROM api_keys WHERE parent_id = ?", (key_id,)
+        "SELECT max(created_ms) FROM api_keys WHERE root_id = ?", (caller.root_id or caller.id,)
     ).fetchone()
     if last is not None and tx.now_ms - int(last) < REFRESH_EVERY_MS:
         wait_ms = int(last) + REFRESH_EVERY_MS - tx.now_ms
         return Refused(QuotaExceeded(
-            f"A key refreshes at most once a minute; this one may again in "
+            f"A key and the keys refreshed from the same first key refresh at most once "
+            f"a minute together; this one may again in "
             f"{(wait_ms + 999) // 1000} s.", retry_after_ms=wait_ms,
         ))
     new = NewKey(caller.role, caller.name, lifetime, list(caller.allow_ips), caller.rpm_quota)

@@ -78,18 +78,20 @@ def _session(row: Any) -> Session:
 def create(
     tx: Tx, project: str, key_id: str, ttl_seconds: int, name: str | None
 ) -> Session | Refused:
-    """A new session of `key_id`'s, unless the key holds MAX_LIVE_SESSIONS
+    """A new session of `key_id`'s, unless the key's lineage (the first key of
+    its refresh chain and every key refreshed from it) holds MAX_LIVE_SESSIONS
     live ones already (Refused, read before anything is written, with when
     the soonest of them expires as the time to retry)."""
     live, soonest = tx.execute(
-        "SELECT count(*), min(expires_ms) FROM sessions WHERE key_id = ? "
-        "AND ended_reason IS NULL AND expires_ms > ?",
-        (key_id, tx.now_ms),
+        "SELECT count(*), min(expires_ms) FROM sessions "
+        f"WHERE owner_root = {_ROOT_OF} AND ended_reason IS NULL AND expires_ms > ?",
+        (key_id, key_id, tx.now_ms),
     ).fetchone()
     if live >= rules.MAX_LIVE_SESSIONS:
         return Refused(TooManySessions(
-            f"This key holds {live} live sessions, the most one key may; end one "
-            f"(DELETE /v1/sessions/{{id}}) or let one expire.",
+            f"This key and the keys refreshed from the same first key hold {live} live "
+            f"sessions, the most they may together; end one (DELETE /v1/sessions/{{id}}) "
+            f"or let one expire.",
             retry_after_ms=max(0, int(soonest) - tx.now_ms),
         ))
     session = rules.new_session(rules.new_session_id(), name, ttl_seconds, key_id, tx.now_ms)
