@@ -430,7 +430,7 @@ class ServerProcess:
         out = subprocess.run(
             [sys.executable, "-m", "fencepost", "project", "create", name,
              "--store", self.store_url],
-            capture_output=True, text=True, timeout=30, env=self.env(),
+            capture_output=True, text=True, timeout=30, env=self.env(), cwd=self.workdir,
         )
         assert out.returncode == 0, out.stderr
         return out.stdout.strip()

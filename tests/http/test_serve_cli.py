@@ -535,8 +535,10 @@ def test_project_create_refuses_a_postgresql_database_without_fencepost(tmp_path
     from pg_support import temporary_database
 
     with temporary_database() as url:
-        refused = run_cli("project", "create", "acme", "--store", url, env=clean_env())
+        refused = run_cli("project", "create", "acme", "--store", url, env=clean_env(),
+                          cwd=tmp_path)
         assert_one_line_refusal(refused, "--create")
+        assert not (tmp_path / "fencepost.acme.admin-key").exists()
         import psycopg
 
         with psycopg.connect(url) as conn:
@@ -545,9 +547,12 @@ def test_project_create_refuses_a_postgresql_database_without_fencepost(tmp_path
         assert tables == (0,), "the refused command created tables"
 
         created = run_cli("project", "create", "acme", "--store", url, "--create",
-                          env=clean_env())
+                          env=clean_env(), cwd=tmp_path)
         assert created.returncode == 0, created.stderr
         key = created.stdout.strip()
+        # No database beside which to save it: the current folder.
+        saved = tmp_path / "fencepost.acme.admin-key"
+        assert saved.read_text() == key + "\n" and str(saved) in created.stderr
         srv = ServerProcess(tmp_path / "pg", store=url).start()
         try:
             resp = whoami(srv.base_url, key)
@@ -556,7 +561,8 @@ def test_project_create_refuses_a_postgresql_database_without_fencepost(tmp_path
             srv.stop()
 
 
-def test_project_create_on_a_missing_or_unreachable_postgresql_is_one_line() -> None:
+def test_project_create_on_a_missing_or_unreachable_postgresql_is_one_line(
+        tmp_path: Path) -> None:
     import pg_support
 
     name = f"fencepost_test_missing_{new_token()[:8]}"
@@ -564,7 +570,7 @@ def test_project_create_on_a_missing_or_unreachable_postgresql_is_one_line() -> 
                           (f"postgresql://fp:s3cret-pw@127.0.0.1:{free_port()}/fp", "PostgreSQL")]:
         for extra in ([], ["--create"]):
             result = run_cli("project", "create", "acme", "--store", store, *extra,
-                             env=clean_env())
+                             env=clean_env(), cwd=tmp_path)
             line = assert_one_line_refusal(result, needle)
             assert "s3cret-pw" not in line
     with pg_support._admin_connection() as admin:

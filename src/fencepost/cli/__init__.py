@@ -1,7 +1,7 @@
 """The `fencepost` command.
 
 API commands (`lock`, `pool`, `key`, `whoami`, `run`) go through the Python
-client; `serve` and `project create` work on the server and store directly.
+client; `serve` and `project` work on the server and store directly.
 The CLI holds no rules of its own: it parses, calls, prints, and exits with a
 code scripts can branch on (`fencepost.cli.exitcodes`).
 """
@@ -21,7 +21,7 @@ import click
 # commands need and which took a quarter of a second of every server's start.
 _COMMANDS = {
     "serve": "fencepost.cli.server",
-    "project": "fencepost.cli.server",
+    "project": "fencepost.cli.projects",
     "lock": "fencepost.cli.locks",
     "pool": "fencepost.cli.pools",
     "key": "fencepost.cli.keys",

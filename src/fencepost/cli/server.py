@@ -1,36 +1,24 @@
-"""`fencepost serve` and `fencepost project create`: the commands that run the
-server or work on the store directly (not through the API)."""
+"""`fencepost serve`: the command that runs the server."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import socket
 import sys
 from pathlib import Path
-from typing import NoReturn
 
 import click
 
+from fencepost.cli.key_files import admin_key_file, save_secret
 from fencepost.cli.params import Duration, Seconds
-from fencepost.cli.stores import store_exists
+from fencepost.cli.stores import DEFAULT_STORE
 from fencepost.core.keys import MIN_BOOTSTRAP_SECRET_LENGTH
-from fencepost.core.names import is_valid_name
-from fencepost.errors import FencepostError
 from fencepost.logs import configure as configure_logging
 from fencepost.server.cores import usable_cores
-from fencepost.store import make_store, redacted, sqlite_path
+from fencepost.store import make_store, redacted
 
-DEFAULT_STORE = "sqlite:///fencepost.db"
 _log = logging.getLogger("fencepost.serve")
-
-
-def _bootstrap_file(store_url: str) -> Path:
-    """Beside the database for SQLite; in the current folder otherwise."""
-    if store_url.startswith("sqlite:"):
-        return Path(sqlite_path(store_url) + ".admin-key")
-    return Path("fencepost.admin-key")
 
 
 def _check_log_target(option: str, target: str | None) -> None:
@@ -40,13 +28,6 @@ def _check_log_target(option: str, target: str | None) -> None:
     folder = Path(str(target)).parent
     if not folder.is_dir():
         raise click.UsageError(f"{option}: the folder {str(folder)!r} does not exist.")
-
-
-def _save_secret(path: Path, secret: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(secret + "\n")
-    os.chmod(path, 0o600)  # also when the file already existed with wider modes
 
 
 class WorkerCount(click.ParamType[int]):
@@ -172,13 +153,13 @@ def serve(
         make_store(store, require_sync=require_sync_replication)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    key_file = _bootstrap_file(store)
+    key_file = admin_key_file(store)
 
     def announce(secret: str, generated: bool) -> None:
         if not generated:
             _log.info("created project 'default' with the key from FENCEPOST_BOOTSTRAP_KEY")
             return
-        _save_secret(key_file, secret)
+        save_secret(key_file, secret)
         # A secret goes to a person's terminal only, never into a log a
         # supervisor or container runtime keeps: there, say where it is.
         if not sys.stdout.isatty():
@@ -211,52 +192,3 @@ def serve(
         launch(options, on_ready=ready, on_bootstrap=announce)
     else:
         supervise(options, workers, on_ready=ready, on_bootstrap=announce)
-
-
-@click.group()
-def project() -> None:
-    """Manage projects directly in the store."""
-
-
-@project.command("create")
-@click.argument("name")
-@click.option("--store", envvar="FENCEPOST_STORE", default=DEFAULT_STORE, show_default=True)
-@click.option("--create", "create_store", is_flag=True,
-              help="Make the store if it does not exist yet (a new SQLite file, or "
-                   "fencepost's tables in an existing PostgreSQL database).")
-def project_create(name: str, store: str, create_store: bool) -> None:
-    """Create project NAME and print its first admin key alone on stdout.
-
-    The store must exist already (made by `fencepost serve` or by an earlier
-    `--create`): a key written to a store that no server runs on would never be
-    accepted, so a mistyped --store is refused rather than made.
-    """
-    if not is_valid_name(name):
-        raise click.UsageError(
-            f"{name!r} is not a valid project name (letters, digits, . _ : -; up to 128)."
-        )
-    try:
-        backend = make_store(store)
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
-
-    async def create() -> str:
-        await backend.open()
-        try:
-            return await backend.create_project(name)
-        finally:
-            await backend.close()
-
-    try:
-        if not create_store and not store_exists(store):
-            _fail(f"no fencepost store at {redacted(store)} yet; check --store, or pass "
-                  "--create to make a new one (and serve it)")
-        secret = asyncio.run(create())
-    except FencepostError as exc:
-        _fail(exc.message)
-    click.echo(secret)
-
-
-def _fail(message: str) -> NoReturn:
-    click.echo(f"fencepost: {' '.join(message.split())}", err=True)
-    raise SystemExit(1)

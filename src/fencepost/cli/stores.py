@@ -10,6 +10,9 @@ import os
 from fencepost.errors import StoreUnavailable
 from fencepost.store import sqlite_path
 
+# The embedded store in the current folder (SPEC §6), for every command that
+# opens a store.
+DEFAULT_STORE = "sqlite:///fencepost.db"
 # A table every version of fencepost's schema has.
 _SCHEMA_TABLE = "api_keys"
 

@@ -333,6 +333,11 @@ class Store(Protocol):
 
     async def create_key(self, project: str, new: NewKey) -> tuple[KeyRecord, str]: ...
 
+    async def recover_admin_key(self, project: str) -> tuple[KeyRecord, str]:
+        """A new admin key for an existing project, for whoever can reach the
+        store itself (`fencepost project admin-key --new`): the way back when
+        every admin key of the project is lost. Raises NotFound."""
+
     async def list_keys(
         self, project: str, after: str | None = None, limit: int | None = None
     ) -> list[KeyRecord]:

@@ -225,6 +225,14 @@ class SqlStore:
         )
         return record, secret
 
+    async def recover_admin_key(self, project: str) -> tuple[KeyRecord, str]:
+        secret = new_secret()
+        record = await self._writer.run(
+            lambda tx: keys.recover_admin_key(tx, self._pepper, project, secret),
+            _KEY_MANAGEMENT,
+        )
+        return record, secret
+
     async def list_keys(
         self, project: str, after: str | None = None, limit: int | None = None
     ) -> list[KeyRecord]:

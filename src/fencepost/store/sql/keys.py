@@ -20,6 +20,7 @@ from fencepost.core.quota import RateGate
 from fencepost.errors import (
     Conflict,
     Forbidden,
+    NotFound,
     QuotaExceeded,
     Unauthorized,
     ValidationError,
@@ -196,6 +197,18 @@ def create_project(tx: Tx, pepper: bytes, name: str) -> str:
     secret = new_secret()
     insert_key(tx, pepper, name, NewKey(Role.ADMIN, name="first admin"), secret)
     return secret
+
+
+# What a recovered admin key is called in listings: the project's admins can
+# tell it from the keys they made, and retire it once they have theirs back.
+RECOVERED_ADMIN_NAME = "recovered admin"
+
+
+def recover_admin_key(tx: Tx, pepper: bytes, project: str, secret: str) -> KeyRecord:
+    """A new admin key of an existing project (NotFound otherwise)."""
+    if tx.execute("SELECT 1 FROM projects WHERE name = ?", (project,)).fetchone() is None:
+        raise NotFound(f"No project {project!r} in this store.")
+    return insert_key(tx, pepper, project, NewKey(Role.ADMIN, name=RECOVERED_ADMIN_NAME), secret)
 
 
 def list_keys(
