@@ -367,7 +367,6 @@ def test_an_admin_revokes_a_key_after_a_confirmation_naming_it(
     open_console(driver, console_server, console_server.admin_key, view="keys")
     row = visible(driver, f'tr[data-key="{made["id"]}"]')
     assert "ci-runner" in row.text and "member" in row.text
-    screenshot(driver, "console-keys.png", tmp_path)
     visible(driver, f'button[data-revoke="{made["id"]}"]').click()
     said = visible(driver, "dialog#confirm").text
     assert "ci-runner" in said and made["id"] in said, said
@@ -376,10 +375,45 @@ def test_an_admin_revokes_a_key_after_a_confirmation_naming_it(
     whoami = httpx.get(f"{console_server.base_url}/v1/whoami", timeout=10,
                        headers={"Authorization": f"Bearer {made['key']}"})
     assert whoami.status_code == 401
-    wait_for("the row to show the revocation", lambda: "revoked" in (
-        driver.find_element("css selector", f'tr[data-key="{made["id"]}"]')
-        .get_attribute("class") or ""))
+    wait_for("the row to show the revocation", lambda: driver.find_element(
+        "css selector", f'tr[data-key="{made["id"]}"]').get_attribute("data-state") == "revoked")
     assert by_css(driver, f'button[data-revoke="{made["id"]}"]') == []
+    assert browser_problems(driver) == []
+
+
+def test_keys_read_as_lineages_and_an_admin_retires_one(
+        console_server: ServerProcess, browser: Any, tmp_path: Path) -> None:
+    driver = browser
+    first = console_server.create_key("member", name="deployer", expires_in_seconds=86400)
+    successor = httpx.post(f"{console_server.base_url}/v1/keys/refresh", timeout=10,
+                           headers={"Authorization": f"Bearer {first['key']}"}).json()
+    open_console(driver, console_server, console_server.admin_key, view="keys")
+    parent_row = visible(driver, f'tr[data-key="{first["id"]}"]')
+    child_row = visible(driver, f'tr[data-key="{successor["id"]}"]')
+    # The successor comes right under its key, one step in, naming where it came from.
+    rows = [r.get_attribute("data-key") for r in by_css(driver, "#keys-body tr")]
+    assert rows.index(successor["id"]) == rows.index(first["id"]) + 1, rows
+    assert child_row.text.startswith("\u21b3 deployer"), child_row.text
+    assert f"deployer {first['id']}" in child_row.text
+    assert "active" in parent_row.text and "active" in child_row.text
+    screenshot(driver, "console-keys.png", tmp_path)
+    visible(driver, f'button[data-retire="{first["id"]}"]').click()
+    said = visible(driver, "dialog#confirm").text
+    assert first["id"] in said and "refreshed from it keep working" in said, said
+    driver.find_element("id", "confirm-ok").click()
+    assert first["id"] in visible(driver, "#notice").text
+    refused = httpx.get(f"{console_server.base_url}/v1/whoami", timeout=10,
+                        headers={"Authorization": f"Bearer {first['key']}"})
+    kept = httpx.get(f"{console_server.base_url}/v1/whoami", timeout=10,
+                     headers={"Authorization": f"Bearer {successor['key']}"})
+    assert (refused.status_code, kept.status_code) == (401, 200)
+    wait_for("the row to show the retirement", lambda: driver.find_element(
+        "css selector", f'tr[data-key="{first["id"]}"]').get_attribute("data-state") == "retired")
+    row = driver.find_element("css selector", f'tr[data-key="{first["id"]}"]')
+    assert "retired" in row.text
+    # A retired key can still be revoked (which takes its successor), not retired again.
+    assert by_css(driver, f'button[data-retire="{first["id"]}"]') == []
+    assert by_css(driver, f'button[data-revoke="{first["id"]}"]') != []
     assert browser_problems(driver) == []
 
 

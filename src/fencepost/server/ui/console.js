@@ -507,27 +507,89 @@ async function loadKeys() {
   if (!changed("keys", list)) return;
   body.replaceChildren();
   $("keys-count").textContent = `(${list.keys.length})`;
-  if (list.keys.length === 0) emptyRow(body, 9, "No keys.");
-  for (const key of list.keys) {
+  if (list.keys.length === 0) emptyRow(body, 10, "No keys.");
+  const byId = new Map(list.keys.map((key) => [key.id, key]));
+  for (const [key, depth] of lineageOrder(list.keys)) {
     const actions = el("td", "actions");
-    if (!key.revoked_at && state.whoami.role === "admin") {
+    const admin = state.whoami.role === "admin";
+    if (key.state === "active" && (admin || key.id === state.whoami.key_id)) {
+      const retire = button("Retire", null, () => confirmRetire(key));
+      retire.dataset.retire = key.id;
+      actions.append(retire);
+    }
+    if (key.state !== "revoked" && admin) {
       const revoke = button("Revoke", "danger", () => confirmRevoke(key));
       revoke.dataset.revoke = key.id;
       actions.append(revoke);
     }
-    const row = el("tr", key.revoked_at ? "revoked" : null,
-      el("td", null, text(key.name)),
+    const parent = key.refreshed_from ? byId.get(key.refreshed_from) : null;
+    const from = key.refreshed_from
+      ? `${parent && parent.name ? parent.name + " " : ""}${key.refreshed_from}` : "";
+    // A successor is drawn under the key it was refreshed from, one step in per
+    // generation: a lineage reads top to bottom.
+    const name = el("td", "lineage", text(key.name));
+    name.style.paddingLeft = `${0.4 + depth * 1.2}rem`;
+    if (depth > 0) name.prepend("\u21b3 ");
+    const when = { revoked: key.revoked_at, expired: key.expires_at }[key.state];
+    const status = el("td", `state ${key.state}`, key.state);
+    if (when) status.title = `${key.state} ${when}`;
+    const row = el("tr", key.state === "active" ? null : `ended ${key.state}`,
+      name,
       el("td", "mono", key.id),
       el("td", null, key.role),
+      status,
+      el("td", "mono", from),
       el("td", null, text(key.created_at)),
       el("td", null, text(key.expires_at)),
       el("td", null, key.allow_ips && key.allow_ips.length ? key.allow_ips.join(", ") : "any"),
       el("td", "number", text(key.rpm_quota)),
-      el("td", null, text(key.revoked_at)),
       actions);
     row.dataset.key = key.id;
+    row.dataset.state = key.state;
     body.append(row);
   }
+}
+
+// Each key followed by the keys refreshed from it (depth first, each level in
+// the order they were made), with its depth; a key whose parent is not listed
+// starts a lineage of its own.
+function lineageOrder(keys) {
+  const ids = new Set(keys.map((key) => key.id));
+  const children = new Map();
+  const roots = [];
+  for (const key of keys) {
+    if (key.refreshed_from && ids.has(key.refreshed_from)) {
+      if (!children.has(key.refreshed_from)) children.set(key.refreshed_from, []);
+      children.get(key.refreshed_from).push(key);
+    } else {
+      roots.push(key);
+    }
+  }
+  const ordered = [];
+  const visit = (key, depth) => {
+    ordered.push([key, depth]);
+    for (const child of children.get(key.id) || []) visit(child, depth + 1);
+  };
+  for (const root of roots) visit(root, 0);
+  return ordered;
+}
+
+function confirmRetire(key) {
+  const self = key.id === state.whoami.key_id;
+  const name = key.name || "(no name)";
+  confirmAction({
+    title: `Retire key ${name}?`,
+    facts: [["Name", name], ["ID", key.id], ["Role", key.role]],
+    text: `Key ${name} (ID ${key.id}) stops working now: every request made with it is ` +
+      "refused with 401 by every server within 2 seconds. The keys refreshed from it keep " +
+      "working (a planned rotation; for a leaked key, revoke instead)." +
+      (self ? " It is the key this console is using." : ""),
+    action: `Retire ${name}`,
+    run: async () => {
+      await api("POST", `v1/keys/${encodeURIComponent(key.id)}/retire`);
+      showNotice(`Retired key ${name} (ID ${key.id}).`);
+    },
+  });
 }
 
 function confirmRevoke(key) {
@@ -536,8 +598,8 @@ function confirmRevoke(key) {
   confirmAction({
     title: `Revoke key ${name}?`,
     facts: [["Name", name], ["ID", key.id], ["Role", key.role]],
-    text: `Key ${name} (ID ${key.id}) is revoked now: every request made with it is refused ` +
-      "with 401 by every server within 2 seconds. " +
+    text: `Key ${name} (ID ${key.id}) is revoked now, and every key refreshed from it: ` +
+      "every request made with them is refused with 401 by every server within 2 seconds. " +
       "This cannot be undone." + (self ? " It is the key this console is using." : ""),
     action: `Revoke ${name}`,
     run: async () => {
