@@ -575,36 +575,33 @@ function lineageOrder(keys) {
 }
 
 function confirmRetire(key) {
-  const self = key.id === state.whoami.key_id;
-  const name = key.name || "(no name)";
-  confirmAction({
-    title: `Retire key ${name}?`,
-    facts: [["Name", name], ["ID", key.id], ["Role", key.role]],
-    text: `Key ${name} (ID ${key.id}) stops working now: every request made with it is ` +
-      "refused with 401 by every server within 2 seconds. The keys refreshed from it keep " +
-      "working (a planned rotation; for a leaked key, revoke instead)." +
-      (self ? " It is the key this console is using." : ""),
-    action: `Retire ${name}`,
-    run: async () => {
-      await api("POST", `v1/keys/${encodeURIComponent(key.id)}/retire`);
-      showNotice(`Retired key ${name} (ID ${key.id}).`);
-    },
-  });
+  confirmKeyChange(key, "Retire", "Retired", (name) =>
+    `Key ${name} (ID ${key.id}) stops working now: every request made with it is ` +
+    "refused with 401 by every server within 2 seconds. The keys refreshed from it keep " +
+    "working (a planned rotation; for a leaked key, revoke instead).",
+  () => api("POST", `v1/keys/${encodeURIComponent(key.id)}/retire`));
 }
 
 function confirmRevoke(key) {
+  confirmKeyChange(key, "Revoke", "Revoked", (name) =>
+    `Key ${name} (ID ${key.id}) is revoked now, and every key refreshed from it: ` +
+    "every request made with them is refused with 401 by every server within 2 seconds. " +
+    "This cannot be undone.",
+  () => api("DELETE", `v1/keys/${encodeURIComponent(key.id)}`));
+}
+
+// A confirmation naming the key and what `verb` does to it, then `call`.
+function confirmKeyChange(key, verb, done, says, call) {
   const self = key.id === state.whoami.key_id;
   const name = key.name || "(no name)";
   confirmAction({
-    title: `Revoke key ${name}?`,
+    title: `${verb} key ${name}?`,
     facts: [["Name", name], ["ID", key.id], ["Role", key.role]],
-    text: `Key ${name} (ID ${key.id}) is revoked now, and every key refreshed from it: ` +
-      "every request made with them is refused with 401 by every server within 2 seconds. " +
-      "This cannot be undone." + (self ? " It is the key this console is using." : ""),
-    action: `Revoke ${name}`,
+    text: says(name) + (self ? " It is the key this console is using." : ""),
+    action: `${verb} ${name}`,
     run: async () => {
-      await api("DELETE", `v1/keys/${encodeURIComponent(key.id)}`);
-      showNotice(`Revoked key ${name} (ID ${key.id}).`);
+      await call();
+      showNotice(`${done} key ${name} (ID ${key.id}).`);
     },
   });
 }
