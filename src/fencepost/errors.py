@@ -265,6 +265,23 @@ class QueueTimeout(FencepostError):
     default_message = "Waited the whole wait and no slot opened."
 
 
+class UpstreamUnavailable(FencepostError):
+    """502: proxy mode could not get an answer from the pool's upstream
+    (refused, reset, TLS failure, a broken answer)."""
+
+    code = "upstream_unavailable"
+    http_status = 502
+    default_message = "The pool's upstream could not be reached."
+
+
+class UpstreamTimeout(FencepostError):
+    """504: proxy mode got no answer from the pool's upstream within its timeout_ms."""
+
+    code = "upstream_timeout"
+    http_status = 504
+    default_message = "The pool's upstream did not answer in time."
+
+
 class Conflict(FencepostError):
     """409: the request conflicts with existing state."""
 

@@ -120,13 +120,21 @@ def test_request_bodies_refuse_unknown_fields_and_state_their_bounds(doc: dict[s
                                                                      ) -> None:
     bodies = {op["operationId"]: resolve(doc, op["requestBody"]["content"]["application/json"]
                                          ["schema"])
-              for _, _, op in operations(doc) if "requestBody" in op}
+              for _, _, op in operations(doc)
+              if "application/json" in op.get("requestBody", {}).get("content", {})}
     assert set(bodies) == {"acquireLock", "renewLease", "putPool", "patchPool", "acquireSlot",
                            "renewSlot", "releaseSlot", "createKey", "refreshKey",
                            "createSession", "renewSession", "acquireLockSet"}
     for operation_id, schema in bodies.items():
         assert schema["type"] == "object" and schema["additionalProperties"] is False, \
             operation_id
+    # Proxy mode passes any body through, of any media type, unread.
+    passed = {op["operationId"]: op["requestBody"] for _, _, op in operations(doc)
+              if "application/json" not in op.get("requestBody", {}).get("content", {})
+              and "requestBody" in op}
+    assert set(passed) == {"proxyPost", "proxyPut", "proxyPatch"}
+    assert all(body["content"] == {"*/*": {"schema": {}}} and body["required"] is False
+               for body in passed.values())
     rate = resolve(doc, bodies["releaseSlot"]["properties"]["rate"]["anyOf"][0])
     assert rate["additionalProperties"] is False
     ttl = bodies["acquireLock"]["properties"]["ttl_seconds"]

@@ -46,7 +46,8 @@ NEGATABLE = [route.operation_id for route in ROUTES
 POOL = "fuzz-pool"
 # Fields whose rules JSON Schema cannot state: renew_interval_ms < term_ms, min_limit <=
 # limit, allow_ips must be CIDRs, metadata at most 4 KiB as JSON.
-RULES_BEYOND_SCHEMA = {"renew_interval_ms", "min_limit", "allow_ips", "metadata", "on_expiry"}
+RULES_BEYOND_SCHEMA = {"renew_interval_ms", "min_limit", "allow_ips", "metadata", "on_expiry",
+                       "upstream.base_url", "upstream.headers"}
 
 
 class Fuzz:

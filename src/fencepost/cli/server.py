@@ -14,6 +14,7 @@ from fencepost.cli.key_files import admin_key_file, save_secret
 from fencepost.cli.params import Duration, Seconds
 from fencepost.cli.stores import DEFAULT_STORE
 from fencepost.core.keys import MIN_BOOTSTRAP_SECRET_LENGTH
+from fencepost.core.upstream_allow import UpstreamAllow
 from fencepost.logs import configure as configure_logging
 from fencepost.server.cores import usable_cores
 from fencepost.store import make_store, redacted
@@ -73,6 +74,15 @@ class WorkerCount(click.ParamType[int]):
                    "told why its lease ended (lease_lost's reason), a fence check why a "
                    "token is stale, for this long; after it the reason may be absent. "
                    "Such as 90s, 15m, 24h or 7d.")
+@click.option("--upstream-allow", envvar="FENCEPOST_UPSTREAM_ALLOW", default="",
+              help="Comma-separated hosts (api.example.com, *.example.com), addresses or "
+                   "networks (10.0.0.0/8) that a pool's upstream may be in proxy mode; "
+                   "others are refused (422). Default: any, so a pool admin can make the "
+                   "server call anything it can reach.")
+@click.option("--upstream-ca-file", envvar="FENCEPOST_UPSTREAM_CA_FILE", default=None,
+              metavar="PEM", type=click.Path(exists=True, dir_okay=False),
+              help="A private certificate authority to trust for https upstreams, besides "
+                   "the public roots.")
 @click.option("--host", envvar="FENCEPOST_HOST", default="127.0.0.1", show_default=True)
 @click.option("--port", envvar="FENCEPOST_PORT", default=7440, show_default=True,
               type=click.IntRange(0, 65535))
@@ -119,7 +129,8 @@ def serve(
     tls_key: str | None, drain_seconds: float, event_log: str | None,
     metrics_key: str | None, workers: int, store_timeout: float,
     require_sync_replication: bool, max_connections_per_source: int,
-    max_output_buffer: int, ended_retention: int,
+    max_output_buffer: int, ended_retention: int, upstream_allow: str,
+    upstream_ca_file: str | None,
 ) -> None:
     """Run the lock service."""
     configure_logging()
@@ -148,6 +159,17 @@ def serve(
         TrustedProxies(proxies)
     except ValueError as exc:
         raise click.UsageError(f"--trusted-proxies: {exc}") from None
+    try:
+        UpstreamAllow.parse(upstream_allow)
+    except ValueError as exc:
+        raise click.UsageError(f"--upstream-allow: {exc}") from None
+    if upstream_ca_file:
+        from fencepost.server.upstream import tls_context as upstream_tls
+
+        try:
+            upstream_tls(upstream_ca_file)
+        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+            raise click.UsageError(f"--upstream-ca-file: {exc}") from None
     try:
         # The URL's form, checked before anything starts.
         make_store(store, require_sync=require_sync_replication)
@@ -187,6 +209,7 @@ def serve(
         require_sync_replication=require_sync_replication,
         max_connections_per_source=max_connections_per_source,
         max_output_buffer_mib=max_output_buffer, ended_retention_ms=ended_retention,
+        upstream_allow=upstream_allow, upstream_ca_file=upstream_ca_file,
     )
     if workers == 1:
         launch(options, on_ready=ready, on_bootstrap=announce)

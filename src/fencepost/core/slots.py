@@ -7,6 +7,31 @@ from dataclasses import dataclass
 
 from fencepost.errors import Capped, NotFound
 
+# Proxy mode (SPEC §4.7): the largest body a proxied request or answer may
+# carry by default, and the most a pool may allow.
+DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024
+MAX_MAX_BODY_BYTES = 1024 * 1024 * 1024
+DEFAULT_UPSTREAM_TIMEOUT_MS = 60_000
+
+
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    """The upstream a pool calls in proxy mode. `headers` are the managed
+    credentials: write-only (SPEC §4.7), so their values stay out of `repr`
+    (a log line or a traceback that prints a config shows only the names)."""
+
+    base_url: str
+    headers: tuple[tuple[str, str], ...] = ()
+    timeout_ms: int = DEFAULT_UPSTREAM_TIMEOUT_MS
+
+    @property
+    def header_names(self) -> list[str]:
+        return [name for name, _ in self.headers]
+
+    def __repr__(self) -> str:
+        return (f"Upstream(base_url={self.base_url!r}, headers={self.header_names!r}, "
+                f"timeout_ms={self.timeout_ms})")
+
 
 @dataclass(frozen=True, slots=True)
 class PoolConfig:
@@ -19,6 +44,8 @@ class PoolConfig:
     rpm: int | None = None
     adaptive: bool = False
     min_limit: int = 1
+    upstream: Upstream | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
     @property
     def suggested_renew_interval_ms(self) -> int:

@@ -19,7 +19,15 @@ import msgspec
 
 from fencepost.clock import wall_clock_ms
 from fencepost.core.timefmt import format_at
-from fencepost.errors import FencepostError, LockHeld, QueueTimeout, ShuttingDown, TooManyRequests
+from fencepost.errors import (
+    FencepostError,
+    LockHeld,
+    QueueTimeout,
+    ShuttingDown,
+    TooManyRequests,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
 from fencepost.events import AcquireAttempt, Events
 from fencepost.server.waiting import ClientGone
 
@@ -116,8 +124,13 @@ class AcquireLog:
     def elapsed_ms(self) -> int:
         return int((asyncio.get_running_loop().time() - self._started) * 1000)
 
-    def write(self, outcome: str, status: int, **extra: Any) -> None:
+    def write(self, outcome: str, status: int, waited_ms: int | None = None,
+              **extra: Any) -> None:
+        """The line, with how long the caller waited: until now, or `waited_ms`
+        when what followed the admission is not waiting (a proxied call)."""
         elapsed_s = asyncio.get_running_loop().time() - self._started
+        if waited_ms is not None:
+            elapsed_s = waited_ms / 1000
         self._log.write(
             self._route.event, outcome=outcome, status=status, waited_ms=int(elapsed_s * 1000),
             **self.fields, **extra,
@@ -133,5 +146,8 @@ class AcquireLog:
         elif isinstance(error, REFUSALS):
             refused = "held" if isinstance(error, LockHeld) else "rejected"
             self.write("timeout" if self.waited else refused, error.http_status)
+        elif isinstance(error, UpstreamUnavailable | UpstreamTimeout):
+            # Admitted, then the upstream failed (proxy mode): its own outcome.
+            self.write("upstream_failed", error.http_status)
         elif isinstance(error, FencepostError):
             self.write("invalid", error.http_status)

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from fencepost.core.upstream_allow import UpstreamAllow
 from fencepost.errors import (
     FencepostError,
     InvalidRequest,
@@ -27,12 +28,13 @@ from fencepost.server.auth import Authenticator
 from fencepost.server.context import Call, Services
 from fencepost.server.event_log import EventLog
 from fencepost.server.http import error_response
-from fencepost.server.messages import Request, Response
+from fencepost.server.messages import Request, Response, StreamingResponse
 from fencepost.server.metrics import UNMATCHED_ROUTE, Metrics
 from fencepost.server.openapi import build_openapi
 from fencepost.server.params import check_of
 from fencepost.server.request_id import request_id_for
 from fencepost.server.routes.table import ROUTES, RouteSpec
+from fencepost.server.upstream import Upstreams
 from fencepost.server.validation import decode_body
 from fencepost.server.waiting import ClientGone, WaitRoom, hook_period
 from fencepost.store.base import Store
@@ -56,6 +58,10 @@ class AppConfig:
     # This process's number among the workers of `serve --workers N` (None:
     # the only one); the probes name it in X-Fencepost-Worker.
     worker: int | None = None
+    # Proxy mode (SPEC §4.7): the hosts and networks upstreams may be ("": any),
+    # and a private certificate authority to trust for them.
+    upstream_allow: str = ""
+    upstream_ca_file: str | None = None
 
 
 async def _reap_forever(store: Store, metrics: Metrics) -> None:
@@ -103,9 +109,9 @@ class _Path:
         self.template = template  # the metrics' route label
         # A parameter is one non-empty path segment: "/v1/locks//lease" and
         # "/v1/locks/" are no route (404), not a lock with an empty name.
-        self.regex = re.compile(
-            re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[^/]+)", re.escape(template)) + r"\Z"
-        )
+        pattern = re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[^/]+)", re.escape(template))
+        # Except proxy mode's {path}, the rest of the path whatever it holds.
+        self.regex = re.compile(pattern.replace("(?P<path>[^/]+)", "(?P<path>.*)") + r"\Z")
         self.routes: dict[str, _Route] = {}
 
     @property
@@ -148,6 +154,8 @@ class App:
             openapi=build_openapi(),
             metrics_key=config.metrics_key,
             worker=config.worker,
+            upstreams=Upstreams(config.upstream_ca_file,
+                                UpstreamAllow.parse(config.upstream_allow)),
         )
         self._paths = _paths()
         self._reaper: asyncio.Task[None] | None = None
@@ -200,12 +208,13 @@ class App:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        await self.services.upstreams.close()
         await self.store.close()
         self.services.access_log.close()
         self.event_log.close()
 
     # --- requests -----------------------------------------------------------
-    async def handle(self, request: Request) -> Response:
+    async def handle(self, request: Request) -> Response | StreamingResponse:
         started = time.perf_counter()
         request.request_id = request_id_for(request.headers.get("x-request-id"))
         method, route = _OTHER_METHOD, UNMATCHED_ROUTE
@@ -235,7 +244,7 @@ class App:
             return path, path.routes.get(request.method)
         raise NotFound("No such route.")
 
-    async def _dispatch(self, route: _Route, request: Request) -> Response:
+    async def _dispatch(self, route: _Route, request: Request) -> Response | StreamingResponse:
         """The checks the table declares for `route`, in its order (key and
         role, path parameters, headers, body), then its handler."""
         spec = route.spec

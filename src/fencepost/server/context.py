@@ -13,6 +13,7 @@ from fencepost.server.auth import Authenticator, Principal
 from fencepost.server.listing import list_turns
 from fencepost.server.messages import Request
 from fencepost.server.metrics import Metrics
+from fencepost.server.upstream import Upstreams
 from fencepost.server.waiting import WaitRoom
 from fencepost.store.base import Store
 
@@ -33,6 +34,8 @@ class Services:
     metrics_key: str | None  # when set, GET /metrics needs `Bearer <it>`
     shutting_down: bool = False  # /readyz turns 503 at once on SIGTERM
     worker: int | None = None  # this process's number among `serve --workers N`'s
+    # Proxy mode's HTTP client and --upstream-allow (SPEC §4.7).
+    upstreams: Upstreams = field(default_factory=Upstreams)
     # Turns at building list answers, which are large (listing.LISTS_AT_ONCE).
     lists: asyncio.Semaphore = field(default_factory=list_turns)
 

@@ -38,6 +38,8 @@ class ServeOptions:
     max_output_buffer_mib: int = DEFAULT_OUTPUT_BUDGET // 2**20
     require_sync_replication: bool = False
     ended_retention_ms: int | None = None  # None: the store's default (SPEC §6)
+    upstream_allow: str = ""  # proxy mode's hosts and networks (SPEC §4.7); "": any
+    upstream_ca_file: str | None = None  # a private CA for upstreams, besides the public roots
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -75,6 +77,7 @@ def launch(
         access_log=options.access_log, event_log=options.event_log,
         metrics_key=options.metrics_key or None, bootstrap_key=options.bootstrap_key,
         on_bootstrap=on_bootstrap, worker=worker.number if worker else None,
+        upstream_allow=options.upstream_allow, upstream_ca_file=options.upstream_ca_file,
     ))
     serve(app, options.host, options.port, options.trusted_proxies, options.max_connections,
           tls, on_ready=on_ready, drain_seconds=options.drain_seconds,

@@ -167,6 +167,13 @@ def _operation(route: RouteSpec) -> dict[str, Any]:
         op["description"] = f"Needs the {route.role.label} role (or a higher one)."
     if any(p.where == "query" for p in params):
         op["description"] = op.get("description", "") + " Unknown query parameters are 422."
+    if route.passthrough and route.method not in ("GET", "DELETE", "OPTIONS"):
+        op["requestBody"] = {
+            "required": False,
+            "description": "Sent on to the upstream as it comes (any media type), up to the "
+                           "pool's max_body_bytes.",
+            "content": {"*/*": {"schema": {}}},
+        }
     if route.body is not None:
         op["requestBody"] = {
             "required": not route.body_optional,
@@ -178,7 +185,8 @@ def _operation(route: RouteSpec) -> dict[str, Any]:
         responses[str(status)] = {
             "description": text,
             "headers": _header_refs(["X-Request-Id", *route.response_headers]),
-            "content": _content(body, route.text_types),
+            "content": {"*/*": {"schema": {}}} if route.passthrough
+            else _content(body, route.text_types),
         }
     for status, errors in sorted(_errors(route).items()):
         responses[str(status)] = _error_response(errors)

@@ -73,6 +73,8 @@ def _refusal(param: Param) -> FencepostError:
         return invalid_field(param.name, f"must match {param.schema['pattern']}")
     if param.refused_with is NotFound:
         return NotFound(param.refusal)
+    if param.refused_with is InvalidRequest:
+        return InvalidRequest(param.refusal)
     raise AssertionError(f"no refusal for the path parameter {param.name}")
 
 

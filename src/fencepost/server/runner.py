@@ -13,6 +13,7 @@ from typing import Any, Callable, Coroutine
 
 from fencepost.server.app import App
 from fencepost.server.proxies import TrustedProxies
+from fencepost.server.routes import proxy
 from fencepost.server.wire import (
     DEFAULT_MAX_PER_SOURCE,
     DEFAULT_OUTPUT_BUDGET,
@@ -138,7 +139,7 @@ async def _serve(
 ) -> bool:
     loop = asyncio.get_running_loop()
     connections = Connections(app.handle, app.refuse, proxies, max_connections, max_per_source,
-                              output_budget)
+                              output_budget, streams_body=proxy.streams_body)
     # The address first: a busy port must fail before the store is opened (and,
     # on an empty store, before a bootstrap key is made). Connections are
     # accepted only once the store is open.

@@ -23,6 +23,11 @@ from fencepost.core.sessions import (
     SESSION_TTL_MAX_SECONDS,
     SESSION_TTL_MIN_SECONDS,
 )
+from fencepost.core.slots import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_UPSTREAM_TIMEOUT_MS,
+    MAX_MAX_BODY_BYTES,
+)
 
 TtlSeconds = Annotated[
     int,
@@ -397,6 +402,59 @@ Count = Annotated[int, Meta(ge=0, le=MAX_REPORTED)]
 MAX_THROTTLED = 1_000_000
 
 
+# Proxy mode (SPEC §4.7). A header name is an RFC 9110 token; a value is
+# printable ASCII (no CR or LF: nothing can be smuggled into the upstream
+# request's head).
+ManagedHeaderName = Annotated[
+    str, Meta(min_length=1, max_length=128, pattern="^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+]
+ManagedHeaderValue = Annotated[str, Meta(max_length=8192, pattern="^[\t -~]*$")]
+UpstreamHeaders = Annotated[
+    dict[ManagedHeaderName, ManagedHeaderValue],
+    Meta(max_length=50, description="Headers the pool adds to every proxied request (the "
+         "managed credentials): write-only, GET shows their names only. Names are unique "
+         "regardless of case, and none of the hop-by-hop or framing headers (Connection, "
+         "Host, Content-Length, Transfer-Encoding, TE, Trailer, Upgrade, Keep-Alive, Expect, "
+         "Proxy-*), which the proxy sets itself."),
+]
+BaseUrl = Annotated[
+    str, Meta(min_length=8, max_length=2048, pattern="^[Hh][Tt][Tt][Pp][Ss]?://[^/?#@]+",
+              description="http or https URL the proxied path is appended to; no query, "
+              "fragment, credentials or dot segments; inside the server's --upstream-allow "
+              "when it has one.")
+]
+UpstreamTimeoutMs = Annotated[
+    int, Meta(ge=100, le=600_000,
+              description="No answer (status and headers) within this: 504 upstream_timeout.")
+]
+MaxBodyBytes = Annotated[
+    int, Meta(ge=0, le=MAX_MAX_BODY_BYTES,
+              description="Largest proxied request or response body (413 / 502 beyond it).")
+]
+
+
+class UpstreamBody(Request):
+    base_url: BaseUrl
+    headers: UpstreamHeaders = {}
+    timeout_ms: UpstreamTimeoutMs = DEFAULT_UPSTREAM_TIMEOUT_MS
+
+
+class UpstreamPatch(Request):
+    """PATCH of a pool's upstream: the fields given change; `headers`, when
+    given, replaces the whole set."""
+
+    base_url: BaseUrl | msgspec.UnsetType = msgspec.UNSET
+    headers: UpstreamHeaders | msgspec.UnsetType = msgspec.UNSET
+    timeout_ms: UpstreamTimeoutMs | msgspec.UnsetType = msgspec.UNSET
+
+
+class UpstreamState(msgspec.Struct):
+    base_url: str
+    headers: Annotated[list[str], Meta(description="Names of the managed headers (never "
+                                                   "their values).")]
+    timeout_ms: int
+
+
 class PoolConfigBody(Request):
     limit: Annotated[int, Meta(ge=1, le=10_000)]
     queue_size: Annotated[int, Meta(ge=0, le=100_000)] = 100
@@ -412,6 +470,8 @@ class PoolConfigBody(Request):
     min_limit: Annotated[
         int, Meta(ge=1, le=10_000, description="Floor of the learned limit; at most limit.")
     ] = 1
+    upstream: UpstreamBody | None = None
+    max_body_bytes: MaxBodyBytes = DEFAULT_MAX_BODY_BYTES
 
 
 class PoolPatchBody(Request):
@@ -431,6 +491,8 @@ class PoolPatchBody(Request):
     rpm: Annotated[int, Meta(ge=1, le=1_000_000)] | None | msgspec.UnsetType = msgspec.UNSET
     adaptive: bool | msgspec.UnsetType = msgspec.UNSET
     min_limit: Annotated[int, Meta(ge=1, le=10_000)] | msgspec.UnsetType = msgspec.UNSET
+    upstream: UpstreamPatch | None | msgspec.UnsetType = msgspec.UNSET
+    max_body_bytes: MaxBodyBytes | msgspec.UnsetType = msgspec.UNSET
 
 
 class PoolStatsBody(msgspec.Struct):
@@ -479,6 +541,8 @@ class PoolState(msgspec.Struct):
     rpm: int | None
     adaptive: bool
     min_limit: int
+    upstream: UpstreamState | None
+    max_body_bytes: int
     in_use: int
     queued: int
     effective_limit: int

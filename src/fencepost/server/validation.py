@@ -278,9 +278,29 @@ def field_errors(raw: Any, cls: type[msgspec.Struct]) -> list[dict[str, str]]:
         try:
             msgspec.convert(raw[name], type=info.type, strict=True)
         except msgspec.ValidationError as exc:
-            details.append({"field": name, "message": _plain(str(exc))})
+            details.append({"field": name + _inner_path(str(exc), info.type),
+                            "message": _plain(str(exc))})
     # Bounded: a hostile body with thousands of fields gets a short answer.
     return details[:MAX_DETAILS]
+
+
+_INNER = re.compile(r" - at (?:`key` in )?`\$((?:\.[A-Za-z0-9_]+)+)`\Z")
+_MISSING = re.compile(r"\AObject missing required field `([A-Za-z0-9_]+)`")
+
+
+def _inner_path(msgspec_error: str, field_type: Any) -> str:
+    """Where inside an object field (a Struct, such as a pool's `upstream`) the
+    error is, as `.timeout_ms`; "" for any other field (its detail names it
+    alone, as before)."""
+    structs = [t for t in getattr(field_type, "__args__", (field_type,))
+               if isinstance(t, type) and issubclass(t, msgspec.Struct)]
+    if not structs:
+        return ""
+    match = _INNER.search(msgspec_error)
+    if match:
+        return match.group(1)
+    missing = _MISSING.search(msgspec_error)
+    return f".{missing.group(1)}" if missing else ""
 
 
 def _detail_from(msgspec_error: str) -> dict[str, str]:

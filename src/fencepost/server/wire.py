@@ -5,6 +5,12 @@ connection: one request served at a time in arrival order (pipelined requests
 wait their turn), bodies capped at 64 KiB, `Expect: 100-continue`, keep-alive
 with an idle timeout, back-pressure both ways, and a graceful close.
 
+Proxied requests (SPEC §4.7; `Connections.streams_body` says which) are the
+exception to whole bodies: such a request goes to its route as soon as its
+head is parsed, with its body streaming in behind it (messages.BodyStream,
+reading paused while the route lags), and its answer may stream out
+(messages.StreamingResponse, written as the socket takes it).
+
 Everything a client controls is bounded per connection, so memory stays bounded
 whatever a client sends or refuses to read: at most MAX_PIPELINED parsed
 requests wait (the rest of the input stays unparsed, and reading stops), no
@@ -30,12 +36,19 @@ import http
 import logging
 import time
 import urllib.parse
-from typing import Awaitable, Callable, cast
+from typing import AsyncIterator, Awaitable, Callable, cast
 
 import httptools
 
 from fencepost.server.http import MAX_BODY_BYTES
-from fencepost.server.messages import Address, Request, Response
+from fencepost.server.messages import (
+    Address,
+    BodyStalled,
+    BodyStream,
+    Request,
+    Response,
+    StreamingResponse,
+)
 from fencepost.server.proxies import TrustedProxies
 
 _log = logging.getLogger(__name__)
@@ -91,11 +104,39 @@ _STATUS_LINES[499] = b"HTTP/1.1 499 Client Closed Request\r\n"
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 # The app: a request in, a response out; it never raises.
-Handle = Callable[[Request], Awaitable[Response]]
+Handle = Callable[[Request], Awaitable["Response | StreamingResponse"]]
+# Whether a request target's body streams to its route (proxy mode).
+StreamsBody = Callable[[bytes], bool]
+# A streamed body's chunk is written at most this big, so that one chunk never
+# holds much memory in the transport's buffer.
+_STREAM_CHUNK = 64 * 1024
+_NO_BODY_STATUSES = frozenset({204, 304})
 # An error answered by the connection itself (malformed HTTP, oversize body),
 # from its status, message and the request's headers: the response and its
 # request ID.
 Refusal = Callable[[int, str, dict[str, str]], tuple[Response, str]]
+
+
+def _nothing() -> None:
+    pass
+
+
+def _end_head(
+    out: list[bytes], request_id: str, headers: list[tuple[str, str]], keep_alive: bool,
+    http10: bool,
+) -> bytes:
+    """An answer's head from its first lines `out`: the request ID, `headers`
+    in order (a name may repeat), how the connection goes on, the blank line."""
+    if request_id:
+        out.append(b"x-request-id: " + request_id.encode("latin-1") + b"\r\n")
+    for name, value in headers:
+        out.append(f"{name}: {value}\r\n".encode("latin-1", "replace"))
+    if not keep_alive:
+        out.append(b"connection: close\r\n")
+    elif http10:
+        out.append(b"connection: keep-alive\r\n")
+    out.append(b"\r\n")
+    return b"".join(out)
 
 
 class _DateHeader:
@@ -121,8 +162,10 @@ class Connections:
         self, handle: Handle, refuse: Refusal, proxies: TrustedProxies,
         max_connections: int | None = None, max_per_source: int | None = None,
         output_budget: int | None = DEFAULT_OUTPUT_BUDGET,
+        streams_body: StreamsBody | None = None,
     ) -> None:
         self.handle = handle
+        self.streams_body = streams_body
         self.refuse = refuse
         self.proxies = proxies
         self.max_connections = max_connections
@@ -213,11 +256,13 @@ class _Pending:
     """A parsed request waiting for its turn: either one for the app, or an
     answer the connection gives itself (`refusal`)."""
 
-    __slots__ = ("method", "url", "headers", "body", "keep_alive", "http10", "refusal")
+    __slots__ = ("method", "url", "headers", "body", "keep_alive", "http10", "refusal",
+                 "stream", "header_list")
 
     def __init__(
         self, method: str, url: bytes, headers: dict[str, str], body: bytes, keep_alive: bool,
         http10: bool = False, refusal: tuple[int, str] | None = None,
+        stream: BodyStream | None = None, header_list: list[tuple[str, str]] | None = None,
     ) -> None:
         self.method = method
         self.url = url
@@ -226,6 +271,8 @@ class _Pending:
         self.keep_alive = keep_alive
         self.http10 = http10  # keep-alive must then be announced
         self.refusal = refusal
+        self.stream = stream  # a body that streams in while the route runs
+        self.header_list = header_list  # every line, for a streamed request
 
 
 class HttpConnection(asyncio.Protocol):
@@ -264,6 +311,13 @@ class HttpConnection(asyncio.Protocol):
         self._body_bytes = 0
         self._head_refusal: tuple[int, str] | None = None
         self._repeated = False
+        # A streamed request (proxy mode): None until its URL is known.
+        self._streamed: bool | None = None
+        self._header_list: list[tuple[str, str]] = []
+        self._stream: BodyStream | None = None  # the body now streaming in
+        self._streaming: asyncio.Task[None] | None = None  # an answer streaming out
+        self._writable = asyncio.Event()
+        self._writable.set()
 
     # --- asyncio.Protocol ---------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -306,6 +360,13 @@ class HttpConnection(asyncio.Protocol):
         self._queue.clear()
         self._unparsed = b""
         self._transport = None
+        self._writable.set()  # a writer waiting for room finds the connection gone
+        if self._stream is not None:
+            self._stream.fail(ConnectionError("the client closed the connection"))
+        if self._streaming is not None:
+            # An answer streaming out ends now, and with it the upstream call
+            # and its slot (SPEC §4.7: released at once).
+            self._streaming.cancel()
 
     def data_received(self, data: bytes) -> None:
         # Input alone does not reset the idle timer: only a whole request does
@@ -330,7 +391,8 @@ class HttpConnection(asyncio.Protocol):
             offset += FEED_BYTES
         self._unparsed = data[offset:] if offset < len(data) and not self._broken else b""
         self._update_reading()
-        if self._partial and self._read_deadline is None and not self._broken:
+        if self._partial and self._read_deadline is None and not self._broken \
+                and self._stream is None:
             # Only a request that spans reads gets a deadline: most arrive
             # whole, and a timer per request would cost every one of them.
             self._read_deadline = self._loop.call_later(REQUEST_READ_S, self._read_too_slow)
@@ -348,7 +410,14 @@ class HttpConnection(asyncio.Protocol):
             if not self.busy and not self._queue and self._transport is not None:
                 self._transport.close()
         except httptools.HttpParserError:
-            if not self._broken:
+            if self._stream is not None:
+                # Mid-way through a streamed body, whose route already runs:
+                # it sees the body break; nothing more is read.
+                self._stream.fail(BodyStalled("the request body is not valid HTTP/1.1"))
+                self._stream = None
+                self._close_after = True
+                self._stop_reading_input()
+            elif not self._broken:
                 self._refuse_and_stop(400, "The request is not valid HTTP/1.1.")
             elif self._draining:  # the parser stopped mid-body: what follows is dropped
                 self._discarded += len(data)
@@ -357,12 +426,14 @@ class HttpConnection(asyncio.Protocol):
         # The client is not reading its responses: stop reading its requests,
         # stop answering them, and cut it off if it stays that way.
         self._writing_paused = True
+        self._writable.clear()
         self._update_reading()
         if self._stall_timer is None:
             self._stall_timer = self._loop.call_later(SEND_STALL_S, self._send_stalled)
 
     def resume_writing(self) -> None:
         self._writing_paused = False
+        self._writable.set()
         if self._stall_timer is not None:
             self._stall_timer.cancel()
             self._stall_timer = None
@@ -388,6 +459,8 @@ class HttpConnection(asyncio.Protocol):
         self._body_bytes = 0
         self._head_refusal = None
         self._repeated = False
+        self._streamed = None
+        self._header_list = []
 
     def on_url(self, url: bytes) -> None:
         if self._grow_head(len(url), "The request's URL is too long."):
@@ -398,6 +471,11 @@ class HttpConnection(asyncio.Protocol):
             return
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
+        if self._streamed is None:  # the URL is whole once headers begin
+            streams = self._shared.streams_body
+            self._streamed = streams is not None and streams(self._url)
+        if self._streamed:
+            self._header_list.append((name.decode("latin-1"), text))
         earlier = self._headers.get(key)
         if earlier is None:
             self._headers[key] = text
@@ -440,6 +518,12 @@ class HttpConnection(asyncio.Protocol):
             self._refuse_and_stop(400, "A request may not have both Content-Length and "
                                        "Transfer-Encoding.")
             return
+        if self._streamed is None:
+            streams = self._shared.streams_body
+            self._streamed = streams is not None and streams(self._url)
+        if self._streamed:
+            self._begin_stream()
+            return
         declared = self._headers.get("content-length", "")
         if declared.isascii() and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
             # Answered at once, without reading a byte of the body.
@@ -450,7 +534,37 @@ class HttpConnection(asyncio.Protocol):
             else:  # earlier requests are still being answered: after them
                 self._continue_owed = True
 
+    def _begin_stream(self) -> None:
+        """Queue a streamed request now, its body to follow. Its route decides
+        the body's fate: a 100 Continue (owed when asked) goes out only once
+        the route reads, so a body it refuses unread (413) is never sent by a
+        client that waits for one."""
+        expects = self._headers.get("expect", "").lower() == "100-continue"
+        stream = BodyStream(self._update_reading, self._send_continue if expects else _nothing)
+        self._stream = stream
+        if self._read_deadline is not None:
+            # A streamed body may take long; its route bounds each pause instead.
+            self._read_deadline.cancel()
+            self._read_deadline = None
+        method = self._parser.get_method().decode("ascii", "replace")
+        self._queue.append(_Pending(
+            method, self._url, self._headers, b"", self._parser.should_keep_alive(),
+            self._parser.get_http_version() == "1.0", None, stream, self._header_list,
+        ))
+        self._update_reading()
+        if not self.busy:
+            self._serve_next()
+
+    def _send_continue(self) -> None:
+        transport = self._transport
+        if transport is not None and not transport.is_closing() and self._stream is not None:
+            transport.write(_CONTINUE)
+
     def on_body(self, chunk: bytes) -> None:
+        if self._stream is not None:
+            self._stream.put(bytes(chunk))
+            self._update_reading()
+            return
         if self._broken:
             return
         self._body_bytes += len(chunk)
@@ -467,6 +581,11 @@ class HttpConnection(asyncio.Protocol):
             self._read_deadline.cancel()
             self._read_deadline = None
         self._continue_owed = False
+        if self._stream is not None:
+            self._stream.end()  # queued when its head was parsed
+            self._stream = None
+            self._update_reading()
+            return
         if self._broken:
             return
         keep_alive = self._parser.should_keep_alive()
@@ -501,16 +620,34 @@ class HttpConnection(asyncio.Protocol):
             request = self._request(pending)
         except (httptools.HttpParserError, ValueError):
             # A target that is no path (CONNECT's host:port, say): no route.
-            response, request_id = self._shared.refuse(
+            refused, request_id = self._shared.refuse(
                 400, "The request target is not a path.", pending.headers
             )
-            self._respond(response, pending, request_id, False)
+            self._respond(refused, pending, request_id, False)
             return
         try:
-            response = await self._shared.handle(request)
+            response: Response | StreamingResponse = await self._shared.handle(request)
         except Exception:  # noqa: BLE001 - the app answers its own errors; this is a bug
             _log.exception("a request failed unexpectedly")
             response, _ = self._shared.refuse(500, "The server failed unexpectedly.", {})
+        if pending.stream is not None and not pending.stream.complete:
+            # The route answered before the whole body came (a 413, a 404, an
+            # error): the rest cannot be told from the next request, so the
+            # connection reads and drops it, then closes after this answer.
+            self._close_after = True
+            self._draining = True
+            self._broken = True
+            self._stream = None
+            self._update_reading()
+        if isinstance(response, StreamingResponse):
+            self._streaming = asyncio.current_task()
+            try:
+                await self._stream_out(response, pending, request.request_id)
+            except asyncio.CancelledError:
+                return  # the client left (connection_lost)
+            finally:
+                self._streaming = None
+            return
         self._respond(response, pending, request.request_id, pending.method == "HEAD")
 
     def _request(self, pending: _Pending) -> Request:
@@ -525,8 +662,14 @@ class HttpConnection(asyncio.Protocol):
             host = self._shared.proxies.client(client.host, pending.headers.get("x-forwarded-for"))
             if host != client.host:
                 client = Address(host, 0)
-        return Request(pending.method, path, query, pending.headers, client,
-                       pending.body, "", self._gone)
+        request = Request(pending.method, path, query, pending.headers, client,
+                          pending.body, "", self._gone)
+        if pending.stream is not None:
+            request.body_stream = pending.stream
+            request.raw_path = url.path.decode("latin-1") if url.path else "/"
+            request.header_list = pending.header_list or []
+            request.http10 = pending.http10
+        return request
 
     def _respond(self, response: Response, pending: _Pending, request_id: str, head: bool) -> None:
         transport = self._transport
@@ -541,6 +684,10 @@ class HttpConnection(asyncio.Protocol):
             transport.write(out + body if body else out)
         if transport.get_write_buffer_size():
             self._shared.owe(self)
+        self._finish(transport, keep_alive)
+
+    def _finish(self, transport: asyncio.Transport, keep_alive: bool) -> None:
+        """After an answer is out: close, or serve the next request, or idle."""
         self.busy = False
         if not keep_alive:
             self._close(transport)
@@ -573,17 +720,93 @@ class HttpConnection(asyncio.Protocol):
         ]
         if response.media_type:
             out.append(b"content-type: " + response.media_type.encode("latin-1") + b"\r\n")
-        if request_id:
-            out.append(b"x-request-id: " + request_id.encode("latin-1") + b"\r\n")
-        if response.headers:
-            for name, value in response.headers.items():
-                out.append(f"{name.lower()}: {value}\r\n".encode("latin-1"))
-        if not keep_alive:
-            out.append(b"connection: close\r\n")
-        elif pending.http10:
-            out.append(b"connection: keep-alive\r\n")
-        out.append(b"\r\n")
-        return b"".join(out)
+        pairs = [(name.lower(), value) for name, value in (response.headers or {}).items()]
+        return _end_head(out, request_id, pairs, keep_alive, pending.http10)
+
+    async def _stream_out(
+        self, response: StreamingResponse, pending: _Pending, request_id: str,
+    ) -> None:
+        """Write a streamed answer as its body comes and the socket takes it.
+        Framed by Content-Length when the length is known, else chunked (or,
+        for HTTP/1.0, by closing). A body that fails, or that ends short of its
+        length, cuts the connection: the caller sees a broken answer, never a
+        short one that looks whole."""
+        body = response.body
+        try:
+            transport = self._transport
+            if transport is None or transport.is_closing():
+                return
+            keep_alive = pending.keep_alive and not self._close_after and not self._shared.closing
+            bodyless = (response.bodyless or pending.method == "HEAD"
+                        or response.status_code in _NO_BODY_STATUSES
+                        or response.status_code < 200)
+            chunked = not bodyless and response.length is None and not pending.http10
+            if not bodyless and response.length is None and pending.http10:
+                keep_alive = False  # HTTP/1.0 knows no chunks: the close ends the body
+            transport.write(self._stream_head(response, pending, request_id, keep_alive,
+                                              chunked, bodyless))
+            if bodyless:
+                # Run the body to its end all the same (it yields nothing):
+                # what its source does when it ends (a proxied call releases
+                # its slot) must happen, and an unstarted generator's aclose
+                # runs none of it.
+                async for _ in body:
+                    pass
+            else:
+                sent = await self._write_body(body, chunked)
+                if sent is None or (response.length is not None and sent != response.length):
+                    self._streaming = None  # its own abort must not cancel it mid-cleanup
+                    self.abort()
+                    return
+                if chunked:
+                    transport.write(b"0\r\n\r\n")
+            self._finish(transport, keep_alive)
+        finally:
+            aclose = getattr(body, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    async def _write_body(self, body: AsyncIterator[bytes], chunked: bool) -> int | None:
+        """Bytes of `body` written, or None when it failed or the client left."""
+        sent = 0
+        try:
+            async for chunk in body:
+                transport = self._transport
+                if transport is None or transport.is_closing():
+                    return None
+                for start in range(0, len(chunk), _STREAM_CHUNK):
+                    part = chunk[start:start + _STREAM_CHUNK]
+                    if chunked:
+                        transport.writelines((b"%x\r\n" % len(part), part, b"\r\n"))
+                    else:
+                        transport.write(part)
+                    sent += len(part)
+                    if not self._writable.is_set():
+                        await self._writable.wait()  # the client reads slower than we get
+                        if self._transport is None:
+                            return None
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - the body's source failed mid-way
+            _log.info("a streamed answer broke off", exc_info=True)
+            return None
+        return sent
+
+    def _stream_head(
+        self, response: StreamingResponse, pending: _Pending, request_id: str,
+        keep_alive: bool, chunked: bool, bodyless: bool,
+    ) -> bytes:
+        out = [
+            _STATUS_LINES.get(response.status_code)
+            or f"HTTP/1.1 {response.status_code} Unknown\r\n".encode(),
+        ]
+        if not any(name == "date" for name, _ in response.headers):
+            out.append(self._shared.date.get())
+        if chunked:
+            out.append(b"transfer-encoding: chunked\r\n")
+        elif response.length is not None and (not bodyless or pending.method == "HEAD"):
+            out.append(b"content-length: %d\r\n" % response.length)
+        return _end_head(out, request_id, response.headers, keep_alive, pending.http10)
 
     def _close(self, transport: asyncio.Transport) -> None:
         if not self._draining or not transport.can_write_eof():
@@ -619,6 +842,7 @@ class HttpConnection(asyncio.Protocol):
             or self._writing_paused
             or len(self._queue) >= MAX_PIPELINED
             or bool(self._unparsed)
+            or (self._stream is not None and self._stream.full)
         )
         if pause and not self._reading_paused:
             self._reading_paused = True

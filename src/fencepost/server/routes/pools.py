@@ -6,8 +6,9 @@ from typing import Any
 
 import msgspec
 
+from fencepost.core.proxy_headers import UNMANAGEABLE, base_url_problem
 from fencepost.core.ratelimit_headers import RateLimitInfo, merge, parse_rate_limit_headers
-from fencepost.core.slots import PoolConfig, Slot
+from fencepost.core.slots import PoolConfig, Slot, Upstream
 from fencepost.core.timefmt import format_at
 from fencepost.errors import (
     FencepostError,
@@ -35,7 +36,11 @@ def pool_state(view: PoolView) -> schemas.PoolState:
         queue_timeout_ms=c.queue_timeout_ms, term_ms=c.term_ms,
         renew_interval_ms=c.suggested_renew_interval_ms,
         request_timeout_ms=c.request_timeout_ms, rpm=c.rpm, adaptive=c.adaptive,
-        min_limit=c.min_limit, in_use=view.in_use, queued=view.queued,
+        min_limit=c.min_limit,
+        upstream=None if c.upstream is None else schemas.UpstreamState(
+            base_url=c.upstream.base_url, headers=c.upstream.header_names,
+            timeout_ms=c.upstream.timeout_ms),
+        max_body_bytes=c.max_body_bytes, in_use=view.in_use, queued=view.queued,
         effective_limit=view.effective_limit,
         effective_rpm=view.effective_rpm,
         learned=schemas.LearnedState(
@@ -68,30 +73,104 @@ def _config(body: schemas.PoolConfigBody) -> PoolConfig:
         details.append({"field": "renew_interval_ms", "message": "must be less than term_ms"})
     if body.min_limit > body.limit:
         details.append({"field": "min_limit", "message": "must not exceed limit"})
+    if body.upstream is not None:
+        details.extend(upstream_problems(body.upstream))
     if details:
         raise ValidationError(details)
     return PoolConfig(
         limit=body.limit, queue_size=body.queue_size, queue_timeout_ms=body.queue_timeout_ms,
         term_ms=body.term_ms, renew_interval_ms=body.renew_interval_ms,
         request_timeout_ms=body.request_timeout_ms, rpm=body.rpm, adaptive=body.adaptive,
-        min_limit=body.min_limit,
+        min_limit=body.min_limit, upstream=_upstream(body.upstream),
+        max_body_bytes=body.max_body_bytes,
+    )
+
+
+def upstream_problems(body: schemas.UpstreamBody) -> list[dict[str, str]]:
+    """What is wrong with an upstream beyond its fields' types (422 details)."""
+    details = []
+    problem = base_url_problem(body.base_url)
+    if problem is not None:
+        details.append({"field": "upstream.base_url", "message": problem})
+    seen: set[str] = set()
+    for name in body.headers:
+        lower = name.lower()
+        if lower in seen:
+            details.append({"field": "upstream.headers",
+                            "message": f"{name} repeats a header name (names are "
+                                       "case-insensitive)"})
+        elif lower in UNMANAGEABLE:
+            details.append({"field": "upstream.headers",
+                            "message": f"{name} is a hop-by-hop or framing header, which "
+                                       "the proxy sets itself"})
+        seen.add(lower)
+    return details
+
+
+def _upstream(body: schemas.UpstreamBody | None) -> Upstream | None:
+    if body is None:
+        return None
+    return Upstream(
+        # "https://api.example.com/v1/" and ".../v1" name the same base: the
+        # proxied path always brings its own "/".
+        base_url=body.base_url.rstrip("/"),
+        headers=tuple(body.headers.items()),
+        timeout_ms=body.timeout_ms,
     )
 
 
 async def put_pool(call: Call[schemas.PoolConfigBody]) -> Response:
+    config = await _allowed(call, _config(call.body))
     view, created = await call.services.store.put_pool(
-        call.caller.project, call.params["pool"], _config(call.body))
+        call.caller.project, call.params["pool"], config)
     return json_response(201 if created else 200, pool_state(view))
+
+
+async def _allowed(call: Call[Any], config: PoolConfig) -> PoolConfig:
+    """`config`, unless its upstream is outside the server's --upstream-allow
+    (SPEC §4.7: 422, nothing written)."""
+    if config.upstream is not None:
+        refusal = await call.services.upstreams.refusal(config.upstream.base_url)
+        if refusal is not None:
+            raise ValidationError([{"field": "upstream.base_url", "message": refusal}])
+    return config
 
 
 def _patched(config: PoolConfig, patch: schemas.PoolPatchBody) -> PoolConfig:
     """`config` with the fields `patch` gives, validated as a PUT would be."""
-    fields = {name: getattr(config, name) for name in schemas.PoolConfigBody.__struct_fields__}
+    fields: dict[str, Any] = {
+        name: getattr(config, name) for name in schemas.PoolConfigBody.__struct_fields__}
+    fields["upstream"] = _upstream_fields(config.upstream)
     for name in schemas.PoolPatchBody.__struct_fields__:
+        value = getattr(patch, name)
+        if value is msgspec.UNSET:
+            continue
+        if name == "upstream" and value is not None:
+            value = _patched_upstream(fields["upstream"], value)
+        fields[name] = value
+    return _config(msgspec.convert(fields, schemas.PoolConfigBody))
+
+
+def _upstream_fields(upstream: Upstream | None) -> dict[str, Any] | None:
+    if upstream is None:
+        return None
+    return {"base_url": upstream.base_url, "headers": dict(upstream.headers),
+            "timeout_ms": upstream.timeout_ms}
+
+
+def _patched_upstream(
+    current: dict[str, Any] | None, patch: schemas.UpstreamPatch,
+) -> dict[str, Any]:
+    """The upstream after `patch`; a pool without one must be given a base_url."""
+    fields = dict(current or {})
+    for name in schemas.UpstreamPatch.__struct_fields__:
         value = getattr(patch, name)
         if value is not msgspec.UNSET:
             fields[name] = value
-    return _config(msgspec.convert(fields, schemas.PoolConfigBody))
+    if "base_url" not in fields:
+        raise ValidationError([{"field": "upstream.base_url",
+                                "message": "is required: the pool has no upstream yet"}])
+    return fields
 
 
 async def patch_pool(call: Call[schemas.PoolPatchBody]) -> Response:
@@ -100,7 +179,8 @@ async def patch_pool(call: Call[schemas.PoolPatchBody]) -> Response:
     current = await store.get_pool(project, name)
     if current is None:
         raise NotFound(f"No pool named {name!r}.")
-    view, _ = await store.put_pool(project, name, _patched(current.config, call.body))
+    config = await _allowed(call, _patched(current.config, call.body))
+    view, _ = await store.put_pool(project, name, config)
     return json_response(200, pool_state(view))
 
 
@@ -147,13 +227,14 @@ async def delete_pool(call: Call[None]) -> Response:
 # --- acquire -------------------------------------------------------------------
 
 
-def _wanted_wait_ms(call: Call[schemas.AcquireSlotBody | None]) -> tuple[int, bool]:
-    """The wait asked for (body wins over X-Queue-Timeout-Ms) and whether X-No-Queue is set."""
-    header = call.params.get("x-queue-timeout-ms")
+def wanted_wait(params: dict[str, str], body_wait_ms: int | None) -> tuple[int, bool]:
+    """The wait asked for (the body's, when it gives one, wins over
+    X-Queue-Timeout-Ms) and whether X-No-Queue is set."""
+    header = params.get("x-queue-timeout-ms")
     wait_ms = 0 if header is None else int(header)
-    if call.body is not None and call.body.wait_ms is not None:
-        wait_ms = call.body.wait_ms
-    no_queue = call.params.get("x-no-queue")
+    if body_wait_ms is not None:
+        wait_ms = body_wait_ms
+    no_queue = params.get("x-no-queue")
     return wait_ms, no_queue is not None and no_queue.strip().lower() not in _FALSE_WORDS
 
 
@@ -195,12 +276,13 @@ async def acquire(call: Call[schemas.AcquireSlotBody | None]) -> Response:
     """POST /v1/pools/{pool}/lock/acquire: every request goes to the access log
     (the app writes the line of one that fails)."""
     svc, caller, log, pool = call.services, call.caller, call.acquire_log, call.params["pool"]
-    wanted_ms, no_queue = _wanted_wait_ms(call)
+    wanted_ms, no_queue = wanted_wait(
+        call.params, None if call.body is None else call.body.wait_ms)
     session_id = None if call.body is None else call.body.session_id
     # The pool is not read first: the store clamps the wait to the pool's
     # configuration in the transaction that admits (and raises NotFound, the
-    # 404, for an unknown pool before anything else); see _SlotLine.try_once.
-    line = _SlotLine(svc.store, caller.project, pool, caller.key_id, wanted_ms, no_queue,
+    # 404, for an unknown pool before anything else); see SlotLine.try_once.
+    line = SlotLine(svc.store, caller.project, pool, caller.key_id, wanted_ms, no_queue,
                      session_id, log)
     asked_s = 0 if no_queue else max(0, wanted_ms) / 1000  # at most this; the try clamps it
     admitted = await wait_for_grant(svc.waiters, line, asked_s, call.request.gone)
@@ -232,7 +314,7 @@ def _grant_body(slot: Slot, config: PoolConfig) -> schemas.SlotGrant:
     )
 
 
-class _SlotLine:
+class SlotLine:
     """A pool's line in the store (waiting.Line)."""
 
     def __init__(

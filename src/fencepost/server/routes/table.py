@@ -24,6 +24,7 @@ from fencepost.errors import (
     LeaseLost,
     LockHeld,
     NotFound,
+    PayloadTooLarge,
     QueueTimeout,
     SessionExpired,
     SessionLost,
@@ -33,17 +34,19 @@ from fencepost.errors import (
     TooManyRequests,
     TooManySessions,
     Unauthorized,
+    UpstreamTimeout,
+    UpstreamUnavailable,
     ValidationError,
 )
 from fencepost.server import schemas
 from fencepost.server.access_log import AcquireLogged
 from fencepost.server.context import Call
 from fencepost.server.listing import DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT
-from fencepost.server.messages import Response
+from fencepost.server.messages import Response, StreamingResponse
 from fencepost.server.params import Param
-from fencepost.server.routes import docs, keys, locks, pools, sessions, system, ui
+from fencepost.server.routes import docs, keys, locks, pools, proxy, sessions, system, ui
 
-Handler = Callable[[Call[Any]], Awaitable[Response]]
+Handler = Callable[[Call[Any]], Awaitable["Response | StreamingResponse"]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +67,9 @@ class RouteSpec:
     params: tuple[Param, ...] = ()  # header and query parameters
     response_headers: tuple[str, ...] = ()  # sent with the 2xx answer
     logged: AcquireLogged | None = None  # one access-log line per request, however it ends
+    # Bodies pass through as they are, both ways (proxy mode): any media type,
+    # never decoded by the app.
+    passthrough: bool = False
 
     @property
     def path_params(self) -> tuple[Param, ...]:
@@ -90,6 +96,14 @@ PATH_PARAMS = {
         "The key's id (as in GET /v1/keys).", True, NotFound,
         "This project has no key with that ID.",
     ),
+    # Proxy mode's path on the upstream (SPEC §4.7): any number of segments,
+    # checked by the route itself (no "." or ".." segment, nothing the URL
+    # cannot carry).
+    "path": Param(
+        "path", "path", {"type": "string", "maxLength": 8192},
+        "The path the upstream gets after its base_url (slashes included).", True,
+        InvalidRequest, "The proxied path is too long.",
+    ),
     "asset": Param(
         "asset", "path", {"type": "string", "enum": sorted(ui.ASSETS)},
         "One of the console's static files.", True, NotFound, "No such file in the console.",
@@ -105,6 +119,20 @@ REQUEST_ID = Param(
     "A UUID for this request; a retry reuses it. Echoed in the response and the access log.",
     True, InvalidRequest,
 )
+PROXY_QUEUE_TIMEOUT = Param(
+    "X-Queue-Timeout-Ms", "header",
+    {"type": "integer", "minimum": 0, "maximum": 999_999_999_999},
+    "How long to wait in line for a slot, in ms; clamped to the pool's queue_timeout_ms.",
+    refused_with=InvalidRequest,
+    refusal="X-Queue-Timeout-Ms must be a whole number of milliseconds.",
+)
+PROXY_NO_QUEUE = Param(
+    "X-No-Queue", "header", {"type": "string"},
+    "Fail fast even when a wait was asked for (unless 0, false, no or off).",
+)
+# The methods proxy mode passes on (SPEC §4.7); HEAD comes with GET. Others
+# (CONNECT, TRACE, WebDAV's) are 405.
+PROXY_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 LIST_QUERY = (
     Param("prefix", "query",
           {"type": "string", "maxLength": 128, "pattern": "^[A-Za-z0-9._:-]*$"},
@@ -226,12 +254,21 @@ ROUTES: tuple[RouteSpec, ...] = (
                   "How long to wait in line, in ms (the body's wait_ms wins); clamped to "
                   "the pool's queue_timeout_ms.", refused_with=InvalidRequest,
                   refusal="X-Queue-Timeout-Ms must be a whole number of milliseconds."),
-            Param("X-No-Queue", "header", {"type": "string"},
-                  "Fail fast even when a wait was asked for (unless 0, false, no or off)."),
+            PROXY_NO_QUEUE,
         ),
         response_headers=("X-Remaining-Slots", "X-Effective-Limit", "X-Queued-Ms"),
         logged=AcquireLogged("pool.acquire", "pool", "pool"),
     ),
+    *(RouteSpec(
+        method, "/v1/pools/{pool}/proxy/{path}", proxy.forward, f"proxy{method.title()}",
+        f"Call the pool's upstream ({method}) through a slot", Role.MEMBER,
+        responses=((200, None, "The upstream's answer, streamed as it sent it (any status)."),),
+        errors=(NotFound, TooManyRequests, QueueTimeout, ShuttingDown, UpstreamUnavailable,
+                UpstreamTimeout, PayloadTooLarge, InvalidRequest),
+        params=(PROXY_QUEUE_TIMEOUT, PROXY_NO_QUEUE),
+        response_headers=("X-Effective-Limit", "X-Queued-Ms"),
+        logged=AcquireLogged("pool.proxy", "pool", "pool"), passthrough=True,
+    ) for method in PROXY_METHODS),
     RouteSpec(
         "POST", "/v1/pools/{pool}/lock/{slot_id}/renew", pools.renew, "renewSlot",
         "Renew a slot", Role.MEMBER, schemas.EmptyBody, body_optional=True,

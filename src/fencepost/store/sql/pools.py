@@ -22,6 +22,7 @@ route reads nothing before it (SPEC §4.2's clamping, and the grant's term).
 
 from __future__ import annotations
 
+import json
 import secrets
 from dataclasses import dataclass, replace
 from typing import Any, Callable, NamedTuple
@@ -30,7 +31,7 @@ from fencepost.core import governor as gov
 from fencepost.core import slots as rules
 from fencepost.core.governor import GovernorState, Hint, Outcome
 from fencepost.core.sessions import attached_expiry_ms
-from fencepost.core.slots import PoolConfig, Slot
+from fencepost.core.slots import PoolConfig, Slot, Upstream
 from fencepost.errors import Capped, NotFound
 from fencepost.events import Ended, Granted, PoolChanged
 from fencepost.store.base import PoolStats, PoolView, SlotAttempt, SlotReport, pool_freed
@@ -71,6 +72,8 @@ class _ConfigRow(NamedTuple):
     rpm: int | None
     adaptive: int
     min_limit: int
+    upstream_json: str | None  # proxy mode (SPEC §4.7); see upstream_json()
+    max_body_bytes: int
 
 
 class _GovernorRow(NamedTuple):
@@ -207,7 +210,30 @@ def _config(r: _ConfigRow) -> PoolConfig:
         limit=r.slot_limit, queue_size=r.queue_size, queue_timeout_ms=r.queue_timeout_ms,
         term_ms=r.term_ms, renew_interval_ms=r.renew_interval_ms,
         request_timeout_ms=r.request_timeout_ms, rpm=r.rpm, adaptive=bool(r.adaptive),
-        min_limit=r.min_limit,
+        min_limit=r.min_limit, upstream=upstream_of(r.upstream_json),
+        max_body_bytes=r.max_body_bytes,
+    )
+
+
+def upstream_json(upstream: Upstream | None) -> str | None:
+    """An upstream as stored: JSON with its headers as pairs (order and case kept)."""
+    if upstream is None:
+        return None
+    return json.dumps({
+        "base_url": upstream.base_url,
+        "headers": [list(pair) for pair in upstream.headers],
+        "timeout_ms": upstream.timeout_ms,
+    })
+
+
+def upstream_of(text: str | None) -> Upstream | None:
+    if text is None:
+        return None
+    data = json.loads(text)
+    return Upstream(
+        base_url=data["base_url"],
+        headers=tuple((str(name), str(value)) for name, value in data["headers"]),
+        timeout_ms=int(data["timeout_ms"]),
     )
 
 
@@ -380,7 +406,7 @@ def put(
     values = (
         config.limit, config.queue_size, config.queue_timeout_ms, config.term_ms,
         config.renew_interval_ms, config.request_timeout_ms, config.rpm, int(config.adaptive),
-        config.min_limit,
+        config.min_limit, upstream_json(config.upstream), config.max_body_bytes,
     )
     version = _new_version()
     # Contract: replacing a configuration keeps the pool's slots, statistics and
@@ -389,13 +415,14 @@ def put(
     updated = tx.execute(
         "UPDATE pools SET slot_limit = ?, queue_size = ?, queue_timeout_ms = ?, term_ms = ?, "
         "renew_interval_ms = ?, request_timeout_ms = ?, rpm = ?, adaptive = ?, min_limit = ?, "
-        "updated_ms = ?, admission_version = ? WHERE project = ? AND name = ?",
+        "upstream_json = ?, max_body_bytes = ?, updated_ms = ?, admission_version = ? "
+        "WHERE project = ? AND name = ?",
         (*values, tx.now_ms, version, project, pool),
     ).rowcount
     if not updated:
         tx.execute(
             f"INSERT INTO pools (project, name, {_CONFIG_COLUMNS}, created_ms, updated_ms, "
-            "admission_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "admission_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (project, pool, *values, tx.now_ms, tx.now_ms, version),
         )
     tx.events.append(pool_freed(project, pool, wake_all=True))
