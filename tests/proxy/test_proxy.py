@@ -356,3 +356,24 @@ def test_who_may_call_and_what_is_not_found(server: ServerProcess, upstream: Ups
         assert r.get(proxy(pool, "echo")).status_code == 403
     with httpx.Client(base_url=server.base_url) as anonymous:
         assert anonymous.get(proxy(pool, "echo")).status_code == 401
+
+
+def test_a_caller_that_never_reads_holds_its_slot_no_longer_than_the_pools_cap(
+        server: ServerProcess, upstream: Upstream) -> None:
+    with server.client() as c:
+        pool = proxied_pool(c, upstream, limit=1, term_ms=1000, request_timeout_ms=2000,
+                            renew_interval_ms=300)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.sendall(f"GET /v1/pools/{pool}/proxy/big?bytes=8000000 HTTP/1.1\r\nHost: x\r\n"
+                     f"Authorization: Bearer {server.admin_key}\r\n\r\n".encode())
+        with server.client() as c:
+            wait_until(lambda: pool_state(c, pool)["in_use"] == 1, "the call to be admitted")
+            started = time.monotonic()
+            # Never read: the server cannot send, and the slot's cap ends the call.
+            wait_until(lambda: pool_state(c, pool)["in_use"] == 0, "the slot to be freed",
+                       timeout=10)
+            assert time.monotonic() - started < 5
+            assert c.get(proxy(pool, "echo")).status_code == 200  # the pool serves on
+        # (What the kernel had already taken of the answer still trickles out
+        # at the reader's pace after the server lets go: not drained here.)

@@ -197,16 +197,20 @@ class StreamingResponse:
     chunked. Iterating `body` may raise: the connection then cuts the answer
     off, so that the caller never mistakes a truncated body for a whole one."""
 
-    __slots__ = ("status_code", "headers", "body", "length", "bodyless")
+    __slots__ = ("status_code", "headers", "body", "length", "bodyless", "deadline")
 
     def __init__(
         self, status_code: int, headers: list[tuple[str, str]], body: AsyncIterator[bytes],
-        length: int | None, bodyless: bool = False,
+        length: int | None, bodyless: bool = False, deadline: float | None = None,
     ) -> None:
         self.status_code = status_code
         self.headers = headers
         self.body = body
         self.length = length
+        # The loop time by which the whole body must be written, else the
+        # answer is cut off (a proxied call's slot cap, even for a caller that
+        # never reads); None: no limit.
+        self.deadline = deadline
         # No body whatever the headers say (an answer to HEAD, a 204 or 304):
         # the length, if any, is the upstream's, passed on as it was.
         self.bodyless = bodyless

@@ -644,7 +644,11 @@ class HttpConnection(asyncio.Protocol):
             try:
                 await self._stream_out(response, pending, request.request_id)
             except asyncio.CancelledError:
-                return  # the client left (connection_lost)
+                # The client left (connection_lost cancels this); anything else
+                # that cancels an answer half sent must not leave it looking whole.
+                if self._transport is not None:
+                    self.abort()
+                return
             finally:
                 self._streaming = None
             return
@@ -753,7 +757,7 @@ class HttpConnection(asyncio.Protocol):
                 async for _ in body:
                     pass
             else:
-                sent = await self._write_body(body, chunked)
+                sent = await self._write_body(body, chunked, response.deadline)
                 if sent is None or (response.length is not None and sent != response.length):
                     self._streaming = None  # its own abort must not cancel it mid-cleanup
                     self.abort()
@@ -766,30 +770,40 @@ class HttpConnection(asyncio.Protocol):
             if aclose is not None:
                 await aclose()
 
-    async def _write_body(self, body: AsyncIterator[bytes], chunked: bool) -> int | None:
-        """Bytes of `body` written, or None when it failed or the client left."""
-        sent = 0
+    async def _write_body(
+        self, body: AsyncIterator[bytes], chunked: bool, deadline: float | None,
+    ) -> int | None:
+        """Bytes of `body` written, or None when it failed, the client left, or
+        the deadline came first."""
         try:
-            async for chunk in body:
-                transport = self._transport
-                if transport is None or transport.is_closing():
-                    return None
-                for start in range(0, len(chunk), _STREAM_CHUNK):
-                    part = chunk[start:start + _STREAM_CHUNK]
-                    if chunked:
-                        transport.writelines((b"%x\r\n" % len(part), part, b"\r\n"))
-                    else:
-                        transport.write(part)
-                    sent += len(part)
-                    if not self._writable.is_set():
-                        await self._writable.wait()  # the client reads slower than we get
-                        if self._transport is None:
-                            return None
+            async with asyncio.timeout_at(deadline):
+                return await self._write_chunks(body, chunked)
+        except TimeoutError:
+            _log.info("a streamed answer was cut off at its deadline")
+            return None
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 - the body's source failed mid-way
             _log.info("a streamed answer broke off", exc_info=True)
             return None
+
+    async def _write_chunks(self, body: AsyncIterator[bytes], chunked: bool) -> int | None:
+        sent = 0
+        async for chunk in body:
+            transport = self._transport
+            if transport is None or transport.is_closing():
+                return None
+            for start in range(0, len(chunk), _STREAM_CHUNK):
+                part = chunk[start:start + _STREAM_CHUNK]
+                if chunked:
+                    transport.writelines((b"%x\r\n" % len(part), part, b"\r\n"))
+                else:
+                    transport.write(part)
+                sent += len(part)
+                if not self._writable.is_set():
+                    await self._writable.wait()  # the client reads slower than we get
+                    if self._transport is None:
+                        return None
         return sent
 
     def _stream_head(

@@ -244,7 +244,9 @@ def _relay(
               slot_id_prefix=held.slot.slot_id[:9], upstream_status=response.status_code)
     held.outcome = _report(response, pairs)
     body = _answer_body(response, held, config.max_body_bytes, bodyless)
-    return StreamingResponse(response.status_code, headers, body, length, bodyless)
+    # The slot's hard cap bounds the whole answer, however slowly the caller reads.
+    return StreamingResponse(response.status_code, headers, body, length, bodyless,
+                             deadline=held.deadline_loop_s)
 
 
 def _declared_length(response: httpx.Response) -> int | None:
@@ -279,18 +281,17 @@ async def _answer_body(
     response: httpx.Response, held: _Held, limit: int, bodyless: bool,
 ) -> AsyncIterator[bytes]:
     """The upstream's body as it comes, bytes as sent (compressed stays
-    compressed), ending by the slot's request deadline at the latest; the slot
-    is released when it ends, however it ends."""
+    compressed); the slot is released when it ends, however it ends (the
+    connection ends it at the slot's request deadline at the latest)."""
     sent = 0
     try:
         if bodyless:
             return
-        async with asyncio.timeout_at(held.deadline_loop_s):
-            async for chunk in response.aiter_raw():
-                sent += len(chunk)
-                if sent > limit:
-                    raise UpstreamUnavailable("The upstream's answer is over max_body_bytes.")
-                yield chunk
+        async for chunk in response.aiter_raw():
+            sent += len(chunk)
+            if sent > limit:
+                raise UpstreamUnavailable("The upstream's answer is over max_body_bytes.")
+            yield chunk
     finally:
         await _close_quietly(response)
         await held.end(held.outcome)
