@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from fencepost.client import AsyncClient, Client, Outcome, Retries
+    from fencepost.client import AsyncClient, Client, Outcome, Retries, Upstream
 
-__all__ = ["AsyncClient", "Client", "Outcome", "Retries", "__version__"]
+__all__ = ["AsyncClient", "Client", "Outcome", "Retries", "Upstream", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in {"AsyncClient", "Client", "Outcome", "Retries"}:
+    if name in {"AsyncClient", "Client", "Outcome", "Retries", "Upstream"}:
         from fencepost import client
 
         return getattr(client, name)

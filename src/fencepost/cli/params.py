@@ -110,6 +110,55 @@ class HeaderType(click.ParamType[tuple[str, str]]):
         return name.strip(), text.strip()
 
 
+class SecretHeader(click.ParamType[tuple[str, str]]):
+    """A header whose value is a secret (a pool's upstream credentials, SPEC
+    §4.7), named on the command line and read from where the secret already
+    lives: `Name=env:VARIABLE` or `Name=file:PATH` (the file's content, one
+    trailing newline dropped). A value written on the command line is refused:
+    it would sit in the shell's history and in /proc for every local user."""
+
+    name = "NAME=env:VAR|file:PATH"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> tuple[str, str]:
+        if isinstance(value, tuple):
+            return value
+        name, sep, source = str(value).partition("=")
+        kind, colon, where = source.partition(":")
+        if not sep or not name.strip() or not colon or kind not in ("env", "file") or not where:
+            self.fail(f"{_shown(value)} names no source: write NAME=env:VARIABLE or "
+                      "NAME=file:PATH (a secret on the command line would be in the shell's "
+                      "history and visible to other users).", param, ctx)
+        secret = _read_secret(kind, where)
+        if secret is None:
+            missing = "no environment variable" if kind == "env" else "no readable file"
+            self.fail(f"{name.strip()}: {missing} {where!r}.", param, ctx)
+        return name.strip(), secret
+
+
+def _shown(value: Any) -> str:
+    """An argument as an error message may show it: only the header name it
+    starts with, in case the rest is the secret it should not be."""
+    import re
+
+    name = re.match(r"[!#$%&'*+.^_`|~0-9A-Za-z-]*", str(value))
+    return repr((name.group(0) if name else "") + "...")
+
+
+def _read_secret(kind: str, where: str) -> str | None:
+    import os
+
+    if kind == "env":
+        return os.environ.get(where)
+    try:
+        with open(where, encoding="utf-8") as handle:
+            text = handle.read()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text[:-1] if text.endswith("\n") else text
+
+
 class UuidType(click.ParamType[str]):
     """A lock token (a UUID)."""
 

@@ -7,11 +7,11 @@ from typing import Any
 import click
 
 from fencepost.cli.common import Ctx, api_command, connection_options, follow_pages
-from fencepost.cli.params import HEADER, NAME, Seconds
+from fencepost.cli.params import HEADER, NAME, Seconds, SecretHeader
 from fencepost.cli.progress import ProgressLine, slot_waiting, while_waiting
 from fencepost.cli.quiet import check_output_mode, emit_created, quiet_option
 from fencepost.cli.render import duration, epoch_ms, fields, key_label, relative, table, when
-from fencepost.client import Outcome
+from fencepost.client import Outcome, Upstream
 from fencepost.client.models import Learned, PoolInfo, SlotHolder
 from fencepost.client.outcome import rate_headers
 from fencepost.errors import NotFound
@@ -46,6 +46,19 @@ def pool() -> None:
 @click.option("--adaptive/--no-adaptive", default=None, help="Learn the limit from outcomes.")
 @click.option("--min-limit", type=click.IntRange(min=1), default=None,
               help="Floor for the learned limit.")
+@click.option("--upstream-url", default=None, metavar="URL",
+              help="Proxy mode: the http(s) base URL the pool calls; "
+                   "/v1/pools/NAME/proxy/PATH goes to URL/PATH.")
+@click.option("--upstream-header", "upstream_headers", type=SecretHeader(), multiple=True,
+              help="Proxy mode: a header the pool adds to every call (a credential), as "
+                   "NAME=env:VARIABLE or NAME=file:PATH; repeat for more. Replaces the "
+                   "pool's whole set. The server never shows the values again.")
+@click.option("--upstream-timeout-ms", type=click.IntRange(100, 600_000), default=None,
+              help="Proxy mode: the upstream's answer must begin within this [60000].")
+@click.option("--max-body-bytes", type=click.IntRange(0, 2**30), default=None,
+              help="Proxy mode: the largest body either way [10485760].")
+@click.option("--no-upstream", is_flag=True, default=False,
+              help="Turn proxy mode off: forget the upstream and its headers.")
 @quiet_option("the pool's name")
 @connection_options
 @api_command
@@ -53,22 +66,32 @@ async def set_(ctx: Ctx, name: str, limit: int | None, queue_size: int | None,
                queue_timeout_ms: int | None, term_ms: int | None,
                renew_interval_ms: int | None, request_timeout_ms: int | None,
                rpm: int | None, adaptive: bool | None, min_limit: int | None,
-               quiet: bool) -> None:
+               upstream_url: str | None, upstream_headers: tuple[tuple[str, str], ...],
+               upstream_timeout_ms: int | None, max_body_bytes: int | None,
+               no_upstream: bool, quiet: bool) -> None:
     """Change pool NAME's configuration (admin): only the options given change.
     Creates the pool when there is none (then --limit is needed and options
     left out take the server's defaults)."""
     check_output_mode(ctx, quiet)
+    upstream = None
+    if upstream_url is not None or upstream_headers or upstream_timeout_ms is not None:
+        if no_upstream:
+            raise click.UsageError("--no-upstream goes with no other --upstream option.")
+        upstream = Upstream(base_url=upstream_url,
+                            headers=dict(upstream_headers) if upstream_headers else None,
+                            timeout_ms=upstream_timeout_ms)
     fields: dict[str, Any] = {
         "limit": limit, "queue_size": queue_size, "queue_timeout_ms": queue_timeout_ms,
         "term_ms": term_ms, "renew_interval_ms": renew_interval_ms,
         "request_timeout_ms": request_timeout_ms, "rpm": rpm, "adaptive": adaptive,
-        "min_limit": min_limit,
+        "min_limit": min_limit, "upstream": upstream, "max_body_bytes": max_body_bytes,
     }
-    if all(value is None for value in fields.values()):
+    if all(value is None for value in fields.values()) and not no_upstream:
         raise click.UsageError("Nothing to set: give --limit or another option.")
     async with ctx.client() as client:
         try:
-            info = await client.update_pool(name, **fields)
+            info = await client.update_pool(
+                name, **fields, unset=("upstream",) if no_upstream else ())
         except NotFound:
             if limit is None:
                 raise NotFound(f"No pool named {name!r}; give --limit to create it.") from None
@@ -93,6 +116,10 @@ def _describe(info: PoolInfo) -> str:
                ("rpm", info.rpm),
                ("adaptive", "yes" if info.adaptive else "no"),
                ("min limit", info.min_limit),
+               ("upstream", None if info.upstream is None else info.upstream.base_url),
+               ("upstream headers", None if info.upstream is None
+                else ", ".join(info.upstream.headers) or "none"),
+               ("max body", info.max_body_bytes),
            ]) + _describe_learned(info.learned)
 
 

@@ -47,10 +47,12 @@ from fencepost.client.models import (
     SlotGrant,
     SlotHolder,
     SlotRenewal,
+    UpstreamInfo,
     Waiter,
     WhoAmI,
 )
 from fencepost.client.outcome import Outcome, outcome_from_response
+from fencepost.client.proxying import Upstream
 from fencepost.client.retrying import NO_RETRIES, Retries
 from fencepost.client.sync import (
     AttachedLock,
@@ -99,6 +101,8 @@ __all__ = [
     "Methods",
     "Outcome",
     "PoolInfo",
+    "Upstream",
+    "UpstreamInfo",
     "PoolPage",
     "Retries",
     "SessionEnd",

@@ -26,6 +26,7 @@ from fencepost.client.key_refresh import CurrentKey, KeyRefresh, OnKeyRefresh, r
 from fencepost.client.methods import AsyncRunner, Methods
 from fencepost.client.models import LockSet, OnExpiry
 from fencepost.client.operations import Op
+from fencepost.client.proxying import proxy_options
 from fencepost.client.retrying import RELEASE_RETRIES, Retries, tenacity_options
 from fencepost.client.sessions import (
     LOCK_SET_WAYS,
@@ -127,6 +128,15 @@ class AsyncClient(CurrentKey, Methods, AsyncRunner):
         self._refresher: asyncio.Task[Any] | None = None
         self._on_renewed = on_renewed
         self._turns = Turns(MAX_IN_FLIGHT)
+
+    def proxy_client(
+        self, pool: str, *, wait: float | None = None, no_queue: bool = False,
+        timeout: float | None = 60.0, **options: Any,
+    ) -> httpx.AsyncClient:
+        """`Client.proxy_client` for asyncio: an `httpx.AsyncClient` whose
+        requests go through pool `pool` in proxy mode (SPEC §4.7)."""
+        return httpx.AsyncClient(**{**proxy_options(lambda: self.settings, pool, wait, no_queue,
+                                             timeout), **options})
 
     @property
     def url(self) -> str:

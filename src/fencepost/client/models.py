@@ -180,6 +180,15 @@ class Learned(Model, frozen=True, kw_only=True):
     last_hint: LastHint | None = None
 
 
+class UpstreamInfo(Model, frozen=True, kw_only=True):
+    """The upstream a pool calls in proxy mode (SPEC §4.7): the managed
+    headers' names only (their values are write-only)."""
+
+    base_url: str
+    headers: list[str] = []
+    timeout_ms: int | None = None
+
+
 class PoolInfo(Model, frozen=True, kw_only=True):
     """A pool's configuration plus its live state (SPEC §4.1)."""
 
@@ -193,6 +202,8 @@ class PoolInfo(Model, frozen=True, kw_only=True):
     rpm: int | None = None
     adaptive: bool = False
     min_limit: int | None = None
+    upstream: UpstreamInfo | None = None
+    max_body_bytes: int | None = None
     in_use: int | None = None
     queued: int | None = None
     effective_limit: int | None = None

@@ -57,6 +57,7 @@ from fencepost.client.models import (
     WhoAmI,
 )
 from fencepost.client.outcome import Outcome
+from fencepost.client.proxying import Upstream
 from fencepost.errors import LockHeld, UnexpectedResponse
 
 T = TypeVar("T")
@@ -302,14 +303,18 @@ def set_pool(
     rpm: int | None = None,
     adaptive: bool | None = None,
     min_limit: int | None = None,
+    upstream: Upstream | None = None,
+    max_body_bytes: int | None = None,
 ) -> Op[PoolInfo]:
     """Create or replace pool `name`'s configuration (admin). Fields left out take
-    the server's defaults. Returns the configuration and live state."""
+    the server's defaults. `upstream` makes the pool callable in proxy mode
+    (see `Upstream`). Returns the configuration and live state."""
     fields = {
         "limit": limit, "queue_size": queue_size, "queue_timeout_ms": queue_timeout_ms,
         "term_ms": term_ms, "renew_interval_ms": renew_interval_ms,
         "request_timeout_ms": request_timeout_ms, "rpm": rpm, "adaptive": adaptive,
-        "min_limit": min_limit,
+        "min_limit": min_limit, "max_body_bytes": max_body_bytes,
+        "upstream": None if upstream is None else upstream.as_json(),
     }
     body = {k: v for k, v in fields.items() if v is not None}
     return _one(Call("PUT", _pool_path(name), decode_as(PoolInfo), body=body))
@@ -327,17 +332,21 @@ def update_pool(
     rpm: int | None = None,
     adaptive: bool | None = None,
     min_limit: int | None = None,
-    unset: Iterable[Literal["rpm", "renew_interval_ms"]] = (),
+    upstream: Upstream | None = None,
+    max_body_bytes: int | None = None,
+    unset: Iterable[Literal["rpm", "renew_interval_ms", "upstream"]] = (),
 ) -> Op[PoolInfo]:
     """Change only the given fields of pool `name`'s configuration (admin; PATCH);
-    `unset` clears `rpm` (no rate) or `renew_interval_ms` (back to term / 3).
-    Raises `NotFound` when there is no such pool; returns its configuration and
-    live state."""
+    `unset` clears `rpm` (no rate), `renew_interval_ms` (back to term / 3) or
+    `upstream` (no proxy mode). An `upstream` changes only the parts it gives
+    (its `headers`, when given, replace the whole set). Raises `NotFound` when
+    there is no such pool; returns its configuration and live state."""
     fields = {
         "limit": limit, "queue_size": queue_size, "queue_timeout_ms": queue_timeout_ms,
         "term_ms": term_ms, "renew_interval_ms": renew_interval_ms,
         "request_timeout_ms": request_timeout_ms, "rpm": rpm, "adaptive": adaptive,
-        "min_limit": min_limit,
+        "min_limit": min_limit, "max_body_bytes": max_body_bytes,
+        "upstream": None if upstream is None else upstream.as_json(),
     }
     body: dict[str, Any] = {k: v for k, v in fields.items() if v is not None}
     body.update({field: None for field in unset})

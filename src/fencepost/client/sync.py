@@ -29,6 +29,7 @@ from fencepost.client.key_refresh import CurrentKey, KeyRefresh, OnKeyRefresh, r
 from fencepost.client.methods import Methods, SyncRunner
 from fencepost.client.models import OnExpiry
 from fencepost.client.operations import Op
+from fencepost.client.proxying import proxy_options
 from fencepost.client.retrying import RELEASE_RETRIES, Retries, tenacity_options
 from fencepost.client.sessions import (
     AttachedKinds,
@@ -111,6 +112,22 @@ class Client(CurrentKey, Methods, SyncRunner):
         self._refreshing = threading.Lock()
         self._on_renewed = on_renewed
         self._turns = threading.BoundedSemaphore(MAX_IN_FLIGHT)
+
+    def proxy_client(
+        self, pool: str, *, wait: float | None = None, no_queue: bool = False,
+        timeout: float | None = 60.0, **options: Any,
+    ) -> httpx.Client:
+        """An `httpx.Client` whose requests go through pool `pool` in proxy mode
+        (SPEC §4.7): give paths relative to the pool's upstream
+        (`.post("chat/completions", json=...)`). Each request waits in the
+        pool's line up to `wait` seconds (the pool's queue_timeout_ms caps it;
+        `no_queue` fails at once when no slot is free), and its slot is given
+        back when its answer has been read (or closed, for a stream). A full
+        pool answers 429, a wait that ran out 504 `queue_timeout`, an upstream
+        that failed 502 or 504. `timeout` is for the upstream's answer, the
+        wait comes on top; `options` go to httpx. Use it in a `with` block."""
+        return httpx.Client(**{**proxy_options(lambda: self.settings, pool, wait, no_queue,
+                                             timeout), **options})
 
     @property
     def url(self) -> str:

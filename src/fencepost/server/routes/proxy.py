@@ -243,7 +243,7 @@ def _relay(
     log.write("granted", response.status_code, waited_ms=queued_ms,
               slot_id_prefix=held.slot.slot_id[:9], upstream_status=response.status_code)
     held.outcome = _report(response, pairs)
-    body = _answer_body(response, held, config.max_body_bytes, bodyless)
+    body = _answer_body(response, held, config.max_body_bytes, bodyless, length)
     # The slot's hard cap bounds the whole answer, however slowly the caller reads.
     return StreamingResponse(response.status_code, headers, body, length, bodyless,
                              deadline=held.deadline_loop_s)
@@ -278,7 +278,7 @@ def _report(response: httpx.Response, pairs: list[tuple[str, str]]) -> SlotRepor
 
 
 async def _answer_body(
-    response: httpx.Response, held: _Held, limit: int, bodyless: bool,
+    response: httpx.Response, held: _Held, limit: int, bodyless: bool, length: int | None,
 ) -> AsyncIterator[bytes]:
     """The upstream's body as it comes, bytes as sent (compressed stays
     compressed); the slot is released when it ends, however it ends (the
@@ -291,6 +291,10 @@ async def _answer_body(
             sent += len(chunk)
             if sent > limit:
                 raise UpstreamUnavailable("The upstream's answer is over max_body_bytes.")
+            if sent == length:
+                # The whole answer is here: the slot goes back before its last
+                # bytes go out, so a caller that has read it all finds it free.
+                await held.end(held.outcome)
             yield chunk
     finally:
         await _close_quietly(response)
