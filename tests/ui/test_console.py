@@ -526,6 +526,26 @@ def test_a_member_is_offered_a_force_release_only_for_its_own_lease(
     assert browser_problems(driver) == []
 
 
+def test_a_proxied_pool_shows_its_upstream_and_header_names_only(
+        console_server: ServerProcess, browser: Any) -> None:
+    driver = browser
+    pool = unique_name("proxied")
+    secret = "sk-console-secret-31415"
+    with console_server.client() as c:
+        resp = c.put(f"/v1/pools/{pool}", json={"limit": 2, "upstream": {
+            "base_url": "https://api.example.com/v1",
+            "headers": {"Authorization": f"Bearer {secret}", "OpenAI-Organization": "org-1"}}})
+        assert resp.status_code == 201, resp.text
+    open_console(driver, console_server, console_server.admin_key, view="pools")
+    visible(driver, f'button[data-pool="{pool}"]').click()
+    wait_for("the pool's upstream", lambda: "https://api.example.com/v1" in
+             driver.find_element("id", "pool-detail-state").text)
+    shown = driver.find_element("id", "pool-detail-state").text
+    assert "Authorization, OpenAI-Organization" in shown
+    assert secret not in driver.page_source and "org-1" not in driver.page_source
+    assert browser_problems(driver) == []
+
+
 def test_a_pool_s_learned_state_is_shown_field_by_field(console_server: ServerProcess,
                                                        browser: Any) -> None:
     """`learned` as SPEC §4.5 describes it (put into the page's answers, so that

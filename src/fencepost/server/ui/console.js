@@ -379,6 +379,15 @@ async function loadPool(name) {
     ["Adaptive", pool.adaptive ? `yes (at least ${pool.min_limit})` : "no"],
     ["Queue", `${pool.queue_size} waiters, ${pool.queue_timeout_ms} ms at most`],
     ["Term", `${pool.term_ms} ms (renew every ${pool.renew_interval_ms} ms)`],
+    // Proxy mode: where calls go and which headers are added, by name only
+    // (the server never sends their values).
+    ["Upstream", pool.upstream ? pool.upstream.base_url : "none (no proxy mode)"],
+    ...(pool.upstream ? [
+      ["Upstream headers", pool.upstream.headers.length
+        ? pool.upstream.headers.join(", ") : "none"],
+      ["Upstream timeout", `${pool.upstream.timeout_ms} ms`],
+      ["Largest body", `${pool.max_body_bytes} bytes`],
+    ] : []),
   ]);
   // `learned` is shown field by field as the server sends it, so that fields
   // added to it later appear without a change here.
