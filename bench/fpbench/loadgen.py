@@ -23,6 +23,7 @@ WRK_SCRIPTS = {
     ("fencepost", "b"): "fencepost_renew.lua",
     ("fencepost", "c"): "fencepost_hot.lua",
     ("fencepost", "d"): "fencepost_pool.lua",
+    ("proxy", "call"): "proxy_call.lua",
     ("fencepost", "e"): "fencepost_cycle.lua",  # (a), with waiters parked
     ("fencepost", "f"): "fencepost_cycle.lua",  # (a), with a million locks held
     ("etcd", "a"): "etcd_cycle.lua",
@@ -85,13 +86,15 @@ def _run(cmd: list[str], env: dict[str, str], seconds: int) -> LoadResult:
 
 
 def wrk(url: str, kind: str, workload: str, seconds: int, connections: int,
-        env: dict[str, str]) -> LoadResult:
-    """wrk with one connection per thread (see bench/wrk/lib.lua for why)."""
+        env: dict[str, str], prefix: list[str] | None = None) -> LoadResult:
+    """wrk with one connection per thread (see bench/wrk/lib.lua for why);
+    `prefix` runs it under another command (taskset -c 1)."""
     binary = tools.ensure("wrk", install=False)
     if binary is None:
         raise LoadError("wrk is not installed (apt-get install wrk)")
     script = WRK_DIR / WRK_SCRIPTS[(kind, workload)]
-    cmd = [binary, f"-t{connections}", f"-c{connections}", f"-d{seconds}s", "--timeout", "10s",
+    cmd = [*(prefix or []), binary, f"-t{connections}", f"-c{connections}", f"-d{seconds}s",
+           "--timeout", "10s",
            "-s", str(script), url]
     return _run(cmd, env, seconds)
 

@@ -96,6 +96,7 @@ class Fencepost(System):
     db_name: str = ""
     store_url: str = ""
     extra_args: list[str] = field(default_factory=list)  # more `fencepost serve` options
+    command_prefix: list[str] = field(default_factory=list)  # e.g. taskset -c 0
 
     @contextlib.contextmanager
     def running(self, workdir: Path) -> Iterator[System]:
@@ -108,7 +109,8 @@ class Fencepost(System):
         try:
             self.port = procs.free_port()
             self.proc = procs.start(
-                [python, "-m", "fencepost", "serve", "--store", self.store_url,
+                [*self.command_prefix, python, "-m", "fencepost", "serve",
+                 "--store", self.store_url,
                  "--host", "127.0.0.1", "--port", str(self.port),
                  "--access-log", str(workdir / "access.log"), "--workers", str(self.workers),
                  # Workload (e) parks 10,000 waiting connections.

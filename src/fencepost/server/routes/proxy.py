@@ -21,7 +21,7 @@ import contextlib
 import logging
 import re
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import msgspec
 
@@ -48,7 +48,7 @@ from fencepost.server.waiting import ClientGone, wait_for_grant
 from fencepost.store.base import SlotAttempt, SlotReport, Store
 
 if TYPE_CHECKING:
-    import httpx
+    import aiohttp
 
 _log = logging.getLogger(__name__)
 
@@ -99,11 +99,11 @@ async def forward(call: Call[None]) -> StreamingResponse:
             raise UpstreamUnavailable(f"The pool's upstream may not be called: {refusal}.")
         outgoing = _outgoing(request, upstream, tail, admitted.config.max_body_bytes)
         held.start(await svc.store.now_ms())
-        response = await _send(svc.upstreams.client, outgoing, upstream, held, request.gone)
+        response = await _send(svc.upstreams.session, outgoing, upstream, held, request.gone)
         return _relay(call, response, held, admitted, queued_ms)
     except BaseException as error:
         if response is not None:
-            await _close_quietly(response)
+            _close_quietly(response)
         await held.end(_report_of_failure(error))
         raise
 
@@ -124,54 +124,83 @@ class _BodyTooLarge(Exception):
     """A chunked request body grew past the pool's max_body_bytes."""
 
 
-async def _request_body(stream: BodyStream, limit: int) -> AsyncIterator[bytes]:
-    total = 0
-    async for chunk in stream.chunks(BODY_IDLE_S):
-        total += len(chunk)
-        if total > limit:
-            raise _BodyTooLarge()
-        yield chunk
+class _Body:
+    """A streamed request body on its way to the upstream, bounded by the
+    pool's max_body_bytes. The HTTP client wraps what the body raises in an
+    error of its own, so the body keeps why it stopped (`failure`)."""
+
+    def __init__(self, stream: BodyStream, limit: int) -> None:
+        self._stream = stream
+        self._limit = limit
+        self.failure: Exception | None = None
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        total = 0
+        try:
+            async for chunk in self._stream.chunks(BODY_IDLE_S):
+                total += len(chunk)
+                if total > self._limit:
+                    raise _BodyTooLarge()
+                yield chunk
+        except (_BodyTooLarge, BodyStalled) as error:
+            self.failure = error
+            raise
 
 
-def _outgoing(request: Request, upstream: Upstream, tail: str, limit: int) -> httpx.Request:
-    import httpx
+class _Outgoing(NamedTuple):
+    """The request proxy mode sends: its target as the caller wrote it
+    (percent-encoding kept), headers in order, and the body (streamed, whole,
+    or none)."""
 
+    method: str
+    url: str
+    headers: list[tuple[str, str]]
+    body: _Body | bytes | None
+
+
+def _outgoing(request: Request, upstream: Upstream, tail: str, limit: int) -> _Outgoing:
     url = upstream.base_url + tail
     if request.query_string:
         url += "?" + request.query_string
     headers = upstream_request_headers(request.header_list or request.headers.items(),
                                        upstream.headers)
-    content: AsyncIterator[bytes] | bytes | None = None
+    body: _Body | bytes | None = None
     declared = request.headers.get("content-length")
     stream = request.body_stream
     if stream is None:
         # A request the connection read whole (its target named the proxy
         # route only once decoded, such as ".../%70roxy/..."): the body is here.
         if request.body or declared is not None:
-            headers.append(("content-length", str(len(request.body))))
-            content = request.body
+            headers.append(("Content-Length", str(len(request.body))))
+            body = request.body
     elif declared is not None:
-        headers.append(("content-length", declared))  # the body as the caller framed it
-        content = _request_body(stream, limit) if declared != "0" else b""
+        headers.append(("Content-Length", declared))  # the body as the caller framed it
+        body = _Body(stream, limit) if declared != "0" else b""
     elif request.headers.get("transfer-encoding") is not None:
-        content = _request_body(stream, limit)  # chunked on to the upstream
-    try:
-        return httpx.Request(request.method, url, headers=headers, content=content)
-    except (httpx.InvalidURL, ValueError, TypeError) as error:
-        raise InvalidRequest("The proxied path or query cannot be sent on as a URL.") from error
+        body = _Body(stream, limit)  # chunked on to the upstream
+    return _Outgoing(request.method, url, headers, body)
 
 
 async def _send(
-    client: httpx.AsyncClient, outgoing: httpx.Request, upstream: Upstream, held: _Held,
+    session: aiohttp.ClientSession, outgoing: _Outgoing, upstream: Upstream, held: _Held,
     gone: asyncio.Event,
-) -> httpx.Response:
+) -> aiohttp.ClientResponse:
     """The upstream's answer (status and headers; the body follows), racing the
     caller's departure and the timeout (the pool's timeout_ms, within the
     slot's life)."""
-    import httpx
+    import aiohttp
+    import yarl
 
+    try:
+        # encoded=True: the path and query go as the caller wrote them, not
+        # re-quoted (an upstream may tell %2F from /).
+        url = yarl.URL(outgoing.url, encoded=True)
+    except (ValueError, TypeError) as error:
+        raise InvalidRequest("The proxied path or query cannot be sent on as a URL.") from error
     timeout_s = min(upstream.timeout_ms / 1000, held.seconds_left())
-    sending = asyncio.ensure_future(client.send(outgoing, stream=True))
+    sending = asyncio.ensure_future(session.request(
+        outgoing.method, url, headers=outgoing.headers, data=outgoing.body,
+        allow_redirects=False, skip_auto_headers=_NOT_ADDED, compress=None))
     leaving = asyncio.ensure_future(gone.wait())
     try:
         done, _ = await asyncio.wait((sending, leaving), timeout=timeout_s,
@@ -181,14 +210,13 @@ async def _send(
     if sending in done:
         try:
             return sending.result()
-        except _BodyTooLarge:
-            raise PayloadTooLarge("The request body is over this pool's max_body_bytes.") \
-                from None
-        except BodyStalled as error:
-            raise InvalidRequest(f"The request body did not arrive: {error}.") from None
-        except httpx.TimeoutException:
-            raise UpstreamTimeout() from None
-        except (httpx.HTTPError, OSError) as error:
+        except (aiohttp.ClientError, OSError, ValueError, _BodyTooLarge, BodyStalled) as error:
+            failure = outgoing.body.failure if isinstance(outgoing.body, _Body) else None
+            if isinstance(failure, _BodyTooLarge):
+                raise PayloadTooLarge("The request body is over this pool's max_body_bytes.") \
+                    from None
+            if isinstance(failure, BodyStalled):
+                raise InvalidRequest(f"The request body did not arrive: {failure}.") from None
             raise UpstreamUnavailable(_unavailable_message(error)) from None
     sending.cancel()
     with contextlib.suppress(BaseException):
@@ -198,16 +226,21 @@ async def _send(
     raise UpstreamTimeout(f"The upstream did not answer within {int(timeout_s * 1000)} ms.")
 
 
+# Headers the HTTP client would add by itself: a proxy sends the caller's own
+# (when the caller sent one, it goes on as sent).
+_NOT_ADDED = frozenset({"User-Agent", "Accept", "Accept-Encoding", "Content-Type"})
+
+
 def _unavailable_message(error: Exception) -> str:
     """What went wrong, for the caller: the kind of failure, never a header."""
-    import httpx
+    import aiohttp
 
-    if isinstance(error, httpx.ConnectError):
-        cause = str(error).lower()
-        if "certificate" in cause or "ssl" in cause:
-            return "The upstream's TLS certificate could not be verified."
+    if isinstance(error, aiohttp.ClientSSLError | aiohttp.ServerFingerprintMismatch):
+        return "The upstream's TLS certificate could not be verified."
+    if isinstance(error, aiohttp.ClientConnectorError):
         return "The upstream refused the connection or could not be reached."
-    if isinstance(error, httpx.RemoteProtocolError):
+    if isinstance(error, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError
+                  | aiohttp.ClientResponseError):
         return "The upstream broke off or answered with invalid HTTP."
     return "The upstream could not be reached."
 
@@ -223,16 +256,16 @@ def _report_of_failure(error: BaseException) -> SlotReport | None:
 
 
 def _relay(
-    call: Call[None], response: httpx.Response, held: _Held, admitted: SlotAttempt,
+    call: Call[None], response: aiohttp.ClientResponse, held: _Held, admitted: SlotAttempt,
     queued_ms: int,
 ) -> StreamingResponse:
     request, log = call.request, call.acquire_log
     config = admitted.config
     pairs = [(name.decode("latin-1"), value.decode("latin-1"))
-             for name, value in response.headers.raw]
-    length = _declared_length(response)
-    bodyless = request.method == "HEAD" or response.status_code in _BODYLESS_STATUSES \
-        or response.status_code < 200
+             for name, value in response.raw_headers]
+    length = _declared_length(pairs)
+    status = response.status
+    bodyless = request.method == "HEAD" or status in _BODYLESS_STATUSES or status < 200
     if not bodyless and length is not None and length > config.max_body_bytes:
         raise UpstreamUnavailable(f"The upstream's answer ({length} bytes) is over this pool's "
                                   f"max_body_bytes ({config.max_body_bytes}).")
@@ -240,31 +273,33 @@ def _relay(
     headers.append(("x-queued-ms", str(queued_ms)))
     headers.append(("x-effective-limit", str(admitted.effective_limit)))
     assert held.slot is not None
-    log.write("granted", response.status_code, waited_ms=queued_ms,
-              slot_id_prefix=held.slot.slot_id[:9], upstream_status=response.status_code)
-    held.outcome = _report(response, pairs)
+    log.write("granted", status, waited_ms=queued_ms,
+              slot_id_prefix=held.slot.slot_id[:9], upstream_status=status)
+    held.outcome = _report(status, pairs)
     body = _answer_body(response, held, config.max_body_bytes, bodyless, length)
     # The slot's hard cap bounds the whole answer, however slowly the caller reads.
-    return StreamingResponse(response.status_code, headers, body, length, bodyless,
+    return StreamingResponse(status, headers, body, length, bodyless,
                              deadline=held.deadline_loop_s)
 
 
-def _declared_length(response: httpx.Response) -> int | None:
-    if "transfer-encoding" in response.headers:
-        return None
-    value = response.headers.get("content-length")
-    if value is None or not value.strip().isdigit():
-        return None
-    return int(value.strip())
+def _declared_length(pairs: list[tuple[str, str]]) -> int | None:
+    """The answer's Content-Length, when it is framed by one."""
+    length = None
+    for name, value in pairs:
+        lower = name.lower()
+        if lower == "transfer-encoding":
+            return None
+        if lower == "content-length" and value.strip().isdigit():
+            length = int(value.strip())
+    return length
 
 
-def _report(response: httpx.Response, pairs: list[tuple[str, str]]) -> SlotReport:
+def _report(status: int, pairs: list[tuple[str, str]]) -> SlotReport:
     """The outcome as a holder would report it (SPEC §4.4), read off the answer."""
     folded: dict[str, str] = {}
     for name, value in pairs:
         key = name.lower()
         folded[key] = f"{folded[key]}, {value}" if key in folded else value
-    status = response.status_code
     # Absolute times in rate headers (an HTTP date, an RFC 3339 reset) are
     # read against the time the answer came.
     rate = parse_rate_limit_headers(folded, wall_clock_ms())
@@ -278,16 +313,19 @@ def _report(response: httpx.Response, pairs: list[tuple[str, str]]) -> SlotRepor
 
 
 async def _answer_body(
-    response: httpx.Response, held: _Held, limit: int, bodyless: bool, length: int | None,
+    response: aiohttp.ClientResponse, held: _Held, limit: int, bodyless: bool,
+    length: int | None,
 ) -> AsyncIterator[bytes]:
     """The upstream's body as it comes, bytes as sent (compressed stays
     compressed); the slot is released when it ends, however it ends (the
     connection ends it at the slot's request deadline at the latest)."""
     sent = 0
+    whole = False
     try:
         if bodyless:
+            whole = True
             return
-        async for chunk in response.aiter_raw():
+        async for chunk in response.content.iter_any():
             sent += len(chunk)
             if sent > limit:
                 raise UpstreamUnavailable("The upstream's answer is over max_body_bytes.")
@@ -296,14 +334,19 @@ async def _answer_body(
                 # bytes go out, so a caller that has read it all finds it free.
                 await held.end(held.outcome)
             yield chunk
+        whole = True
     finally:
-        await _close_quietly(response)
+        if whole:
+            response.release()  # the connection goes back to the pool, for the next call
+        else:
+            _close_quietly(response)
         await held.end(held.outcome)
 
 
-async def _close_quietly(response: httpx.Response) -> None:
+def _close_quietly(response: aiohttp.ClientResponse) -> None:
+    """Drop the answer and its connection (a body cut off cannot be reused)."""
     with contextlib.suppress(Exception):
-        await response.aclose()
+        response.close()
 
 
 class _Held:
