@@ -28,6 +28,7 @@ PATH_VALUES = {
     "session_id": lambda: "ses_" + "A" * 32,
     "id": lambda: "no-such-key-id",
     "asset": lambda: "console.js",
+    "path": lambda: "echo/v1",
 }
 
 
@@ -129,7 +130,8 @@ def test_a_wrong_body_gets_422_exactly_where_the_document_has_a_body(
     role = needed_role(op)
     key = None if role is None else keys[role]
     resp = send(server, method, path, op, key, WRONG_BODY)
-    if "requestBody" in op:
+    # Proxy mode's routes pass any body on unread (`*/*`): no JSON to refuse.
+    if "application/json" in op.get("requestBody", {}).get("content", {}):
         assert "validation_error" in error_codes(op, 422)
         assert resp.status_code == 422, resp.text
         error = resp.json()["error"]
