@@ -8,17 +8,25 @@ import time
 from support import true_within
 
 
-def test_revoking_the_old_key_refuses_the_new_one_on_every_replica(replicas):
-    a, b, c = replicas
+def refreshed_everywhere(replicas):
+    """A key made on one replica, refreshed on another, and both keys in every
+    replica's key cache: (old, new) as the API answered them."""
+    a, b, _ = replicas
     old = a.create_key("member", expires_in_seconds=3600)
     with b.client(old["key"]) as client:
         refreshed = client.post("/v1/keys/refresh")
     assert refreshed.status_code == 201, refreshed.text
     new = refreshed.json()
-    for replica in replicas:  # warm every replica's key cache with both keys
+    for replica in replicas:
         for key in (old, new):
             with replica.client(key["key"]) as client:
                 assert client.get("/v1/whoami").status_code == 200
+    return old, new
+
+
+def test_revoking_the_old_key_refuses_the_new_one_on_every_replica(replicas):
+    c = replicas[2]
+    old, new = refreshed_everywhere(replicas)
     with c.client() as admin:
         assert admin.delete(f"/v1/keys/{old['id']}").status_code == 200
     revoked_at = time.monotonic()
@@ -29,16 +37,8 @@ def test_revoking_the_old_key_refuses_the_new_one_on_every_replica(replicas):
 
 
 def test_retiring_the_old_key_refuses_it_everywhere_and_keeps_the_new_one(replicas):
-    a, b, c = replicas
-    old = a.create_key("member", expires_in_seconds=3600)
-    with b.client(old["key"]) as client:
-        refreshed = client.post("/v1/keys/refresh")
-    assert refreshed.status_code == 201, refreshed.text
-    new = refreshed.json()
-    for replica in replicas:  # warm every replica's key cache with both keys
-        for key in (old, new):
-            with replica.client(key["key"]) as client:
-                assert client.get("/v1/whoami").status_code == 200
+    c = replicas[2]
+    old, new = refreshed_everywhere(replicas)
     with c.client() as admin:
         retired = admin.post(f"/v1/keys/{old['id']}/retire")
     assert retired.status_code == 200 and retired.json()["state"] == "retired", retired.text

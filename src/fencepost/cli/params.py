@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 from typing import Any
 
 import click
@@ -140,15 +142,11 @@ class SecretHeader(click.ParamType[tuple[str, str]]):
 def _shown(value: Any) -> str:
     """An argument as an error message may show it: only the header name it
     starts with, in case the rest is the secret it should not be."""
-    import re
-
     name = re.match(r"[!#$%&'*+.^_`|~0-9A-Za-z-]*", str(value))
     return repr((name.group(0) if name else "") + "...")
 
 
 def _read_secret(kind: str, where: str) -> str | None:
-    import os
-
     if kind == "env":
         return os.environ.get(where)
     try:

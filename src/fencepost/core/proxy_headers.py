@@ -53,16 +53,14 @@ def _named_by_connection(headers: Iterable[Pair]) -> set[str]:
     return named
 
 
-def upstream_request_headers(
-    caller: Sequence[Pair], managed: Sequence[Pair], also_own: Iterable[str] = (),
-) -> list[Pair]:
+def upstream_request_headers(caller: Sequence[Pair], managed: Sequence[Pair]) -> list[Pair]:
     """The headers of the request the proxy sends: the caller's end-to-end
-    headers less fencepost's own (and `also_own`, such as a configured JWT
-    header), then the pool's managed headers, which replace any the caller
-    sent under the same name (a caller cannot choose the credentials)."""
+    headers less fencepost's own, then the pool's managed headers, which
+    replace any the caller sent under the same name (a caller cannot choose
+    the credentials)."""
     managed_names = {name.lower() for name, _ in managed}
     dropped = (HOP_BY_HOP | _FRAMING | OWN_REQUEST | managed_names
-               | _named_by_connection(caller) | {name.lower() for name in also_own})
+               | _named_by_connection(caller))
     kept = [(name, value) for name, value in caller if name.lower() not in dropped]
     return kept + list(managed)
 

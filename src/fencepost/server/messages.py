@@ -65,7 +65,7 @@ class BodyStream:
 
     HIGH_WATER = 256 * 1024
 
-    __slots__ = ("_chunks", "_size", "_done", "_error", "_wake", "received", "taken",
+    __slots__ = ("_chunks", "_size", "_done", "_error", "_wake", "taken",
                  "_on_drain", "_on_first_read")
 
     def __init__(self, on_drain: Callable[[], None], on_first_read: Callable[[], None]) -> None:
@@ -74,7 +74,6 @@ class BodyStream:
         self._done = False
         self._error: BaseException | None = None
         self._wake = asyncio.Event()
-        self.received = 0  # bytes the connection has put in
         self.taken = False  # the route began reading
         self._on_drain = on_drain  # resume reading the socket
         self._on_first_read = on_first_read  # send an owed 100 Continue
@@ -82,7 +81,6 @@ class BodyStream:
     def put(self, chunk: bytes) -> None:
         self._chunks.append(chunk)
         self._size += len(chunk)
-        self.received += len(chunk)
         self._wake.set()
 
     @property
@@ -132,7 +130,6 @@ class Request:
     __slots__ = (
         "method", "path", "query_string", "headers", "path_params", "client",
         "body", "request_id", "gone", "_query", "raw_path", "header_list", "body_stream",
-        "http10",
     )
 
     def __init__(
@@ -165,7 +162,6 @@ class Request:
         self.raw_path = ""
         self.header_list: list[tuple[str, str]] = []
         self.body_stream: BodyStream | None = None
-        self.http10 = False
 
     @property
     def query_params(self) -> QueryParams:

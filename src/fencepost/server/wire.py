@@ -672,7 +672,6 @@ class HttpConnection(asyncio.Protocol):
             request.body_stream = pending.stream
             request.raw_path = url.path.decode("latin-1") if url.path else "/"
             request.header_list = pending.header_list or []
-            request.http10 = pending.http10
         return request
 
     def _respond(self, response: Response, pending: _Pending, request_id: str, head: bool) -> None:
