@@ -30,6 +30,8 @@ class Origin:
     request_id: str
     project: str
     key_id: str
+    # The API key of an application acting for its user (key_id is the user).
+    app_key_id: str | None = None
 
 
 # The request the running task serves, set once it is authenticated (the
@@ -146,6 +148,8 @@ class Refused:
     project: str | None
     key_id: str | None
     client_ip: str | None
+    # Why a JWT was refused (`token_expired`, `wrong_audience`...; SPEC §5.1).
+    token_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from fencepost.core.keys import MIN_BOOTSTRAP_SECRET_LENGTH
 from fencepost.core.upstream_allow import UpstreamAllow
 from fencepost.logs import configure as configure_logging
 from fencepost.server.cores import usable_cores
+from fencepost.server.jwt_auth import DEFAULT_PROJECT_CLAIM, DEFAULT_ROLE_CLAIM
 from fencepost.store import make_store, redacted
 
 _log = logging.getLogger("fencepost.serve")
@@ -29,6 +30,39 @@ def _check_log_target(option: str, target: str | None) -> None:
     folder = Path(str(target)).parent
     if not folder.is_dir():
         raise click.UsageError(f"{option}: the folder {str(folder)!r} does not exist.")
+
+
+# Headers that carry something else: a token there would be read twice or not at all.
+_NOT_A_TOKEN_HEADER = {"authorization", "x-api-key", "x-lock-token", "x-request-id", "host",
+                       "content-length", "transfer-encoding", "connection", "cookie"}
+
+
+def _check_jwt(issuer: str | None, audience: str | None, jwks: str | None,
+               header: str | None) -> None:
+    """JWTs need all of issuer, audience and keys (a token checked without an
+    audience would be accepted from any application of the provider); a key
+    set file is read now, so that a bad one fails the start."""
+    given = {"--jwt-issuer": issuer, "--jwt-audience": audience, "--jwt-jwks": jwks}
+    if not any(given.values()):
+        if header:
+            raise click.UsageError("--jwt-header needs --jwt-issuer, --jwt-audience and "
+                                   "--jwt-jwks.")
+        return
+    missing = [name for name, value in given.items() if not value]
+    if missing:
+        raise click.UsageError(f"JWTs need {', '.join(missing)} too (issuer, audience and "
+                               "the provider's keys go together).")
+    if header is not None and (not header.strip() or header.strip().lower()
+                               in _NOT_A_TOKEN_HEADER or not header.replace("-", "").isalnum()):
+        raise click.UsageError(f"--jwt-header: {header!r} cannot carry a token.")
+    from fencepost.server.jwks import KeySet, is_url
+
+    assert jwks is not None
+    if not is_url(jwks):
+        try:
+            KeySet(jwks)
+        except (OSError, ValueError) as exc:
+            raise click.UsageError(f"--jwt-jwks: {exc}") from None
 
 
 class WorkerCount(click.ParamType[int]):
@@ -83,6 +117,27 @@ class WorkerCount(click.ParamType[int]):
               metavar="PEM", type=click.Path(exists=True, dir_okay=False),
               help="A private certificate authority to trust for https upstreams, besides "
                    "the public roots.")
+@click.option("--jwt-issuer", envvar="FENCEPOST_JWT_ISSUER", default=None, metavar="ISS",
+              help="Accept JWTs from the identity provider whose `iss` is this (with "
+                   "--jwt-audience and --jwt-jwks). Default: API keys only.")
+@click.option("--jwt-audience", envvar="FENCEPOST_JWT_AUDIENCE", default=None, metavar="AUD",
+              help="The `aud` a token must be meant for (the client id, or Cloudflare "
+                   "Access's application AUD tag).")
+@click.option("--jwt-jwks", envvar="FENCEPOST_JWT_JWKS", default=None, metavar="FILE|URL",
+              help="The identity provider's signing keys: a JWKS file, or its URL (fetched "
+                   "at start, again for an unknown key id at most every 30 s, and every "
+                   "10 minutes).")
+@click.option("--jwt-header", envvar="FENCEPOST_JWT_HEADER", default=None, metavar="NAME",
+              help="A header that carries the bare token besides `Authorization: Bearer`, "
+                   "such as Cf-Access-Jwt-Assertion.")
+@click.option("--jwt-project-claim", envvar="FENCEPOST_JWT_PROJECT_CLAIM",
+              default=DEFAULT_PROJECT_CLAIM, show_default=True, metavar="CLAIM",
+              help="The claim naming the caller's project (a dotted path reaches into "
+                   "objects).")
+@click.option("--jwt-role-claim", envvar="FENCEPOST_JWT_ROLE_CLAIM",
+              default=DEFAULT_ROLE_CLAIM, show_default=True, metavar="CLAIM",
+              help="The claim naming the caller's role: admin, member or reader, or a list "
+                   "of which the highest counts.")
 @click.option("--host", envvar="FENCEPOST_HOST", default="127.0.0.1", show_default=True)
 @click.option("--port", envvar="FENCEPOST_PORT", default=7440, show_default=True,
               type=click.IntRange(0, 65535))
@@ -130,7 +185,8 @@ def serve(
     metrics_key: str | None, workers: int, store_timeout: float,
     require_sync_replication: bool, max_connections_per_source: int,
     max_output_buffer: int, ended_retention: int, upstream_allow: str,
-    upstream_ca_file: str | None,
+    upstream_ca_file: str | None, jwt_issuer: str | None, jwt_audience: str | None,
+    jwt_jwks: str | None, jwt_header: str | None, jwt_project_claim: str, jwt_role_claim: str,
 ) -> None:
     """Run the lock service."""
     configure_logging()
@@ -170,6 +226,7 @@ def serve(
             upstream_tls(upstream_ca_file)
         except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
             raise click.UsageError(f"--upstream-ca-file: {exc}") from None
+    _check_jwt(jwt_issuer, jwt_audience, jwt_jwks, jwt_header)
     try:
         # The URL's form, checked before anything starts.
         make_store(store, require_sync=require_sync_replication)
@@ -210,6 +267,9 @@ def serve(
         max_connections_per_source=max_connections_per_source,
         max_output_buffer_mib=max_output_buffer, ended_retention_ms=ended_retention,
         upstream_allow=upstream_allow, upstream_ca_file=upstream_ca_file,
+        jwt_issuer=jwt_issuer or None, jwt_audience=jwt_audience or None,
+        jwt_jwks=jwt_jwks or None, jwt_header=jwt_header or None,
+        jwt_project_claim=jwt_project_claim, jwt_role_claim=jwt_role_claim,
     )
     if workers == 1:
         launch(options, on_ready=ready, on_bootstrap=announce)

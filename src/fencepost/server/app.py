@@ -28,6 +28,7 @@ from fencepost.server.auth import Authenticator
 from fencepost.server.context import Call, Services
 from fencepost.server.event_log import EventLog
 from fencepost.server.http import error_response
+from fencepost.server.jwt_auth import JwtSettings, JwtVerifier
 from fencepost.server.messages import Request, Response, StreamingResponse
 from fencepost.server.metrics import UNMATCHED_ROUTE, Metrics
 from fencepost.server.openapi import build_openapi
@@ -62,6 +63,8 @@ class AppConfig:
     # and a private certificate authority to trust for them.
     upstream_allow: str = ""
     upstream_ca_file: str | None = None
+    # Tokens from an identity provider (SPEC §5.1); None: API keys only.
+    jwt: JwtSettings | None = None
 
 
 async def _reap_forever(store: Store, metrics: Metrics) -> None:
@@ -146,7 +149,8 @@ class App:
         store.watch_batches(self.metrics.observe_batch)
         self.services = Services(
             store=store,
-            auth=Authenticator(store, events),
+            auth=Authenticator(store, events,
+                               JwtVerifier(config.jwt) if config.jwt is not None else None),
             waiters=waiters,
             access_log=AccessLog(config.access_log),
             events=events,
@@ -167,6 +171,8 @@ class App:
         secret = await self.store.bootstrap(self.config.bootstrap_key)
         if secret is not None and self.config.on_bootstrap is not None:
             self.config.on_bootstrap(secret, self.config.bootstrap_key is None)
+        if self.services.auth.jwt is not None:
+            await self.services.auth.jwt.keys.warm()
         collector.tune()  # everything made so far lives as long as the process
         self._reaper = asyncio.create_task(_reap_forever(self.store, self.metrics))
         self._sweeper = asyncio.create_task(
@@ -261,6 +267,8 @@ class App:
                 caller = await services.auth.authenticate(request, spec.role)
                 if log is not None:
                     log.fields.update(project=caller.project, key_id=caller.key_id)
+                    if caller.app_key_id is not None:
+                        log.fields.update(app_key_id=caller.app_key_id)
             params: dict[str, str] = {}
             for name, check in route.checks:
                 value = check(request)

@@ -31,7 +31,10 @@ from fencepost.server.access_log import AccessLog
 def _who(origin: Origin | None, project: str) -> dict[str, Any]:
     if origin is None:
         return {"request_id": None, "project": project, "key_id": None}
-    return {"request_id": origin.request_id, "project": origin.project, "key_id": origin.key_id}
+    who = {"request_id": origin.request_id, "project": origin.project, "key_id": origin.key_id}
+    if origin.app_key_id is not None:
+        who["app_key_id"] = origin.app_key_id  # an application acting for its user
+    return who
 
 
 class EventLog:
@@ -74,7 +77,8 @@ class EventLog:
         elif isinstance(event, Refused):
             self._write("caller.refused", request_id=event.request_id, project=event.project,
                         key_id=event.key_id, status=event.status, code=event.code,
-                        client_ip=event.client_ip)
+                        client_ip=event.client_ip,
+                        **({"reason": event.token_reason} if event.token_reason else {}))
 
     @property
     def target(self) -> str | None:

@@ -13,6 +13,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from fencepost.server.app import AppConfig, create_app
+from fencepost.server.jwt_auth import (
+    DEFAULT_PROJECT_CLAIM,
+    DEFAULT_ROLE_CLAIM,
+    JwtSettings,
+)
 from fencepost.server.runner import serve, tls_context
 from fencepost.server.wire import DEFAULT_MAX_PER_SOURCE, DEFAULT_OUTPUT_BUDGET
 from fencepost.store import make_store
@@ -40,6 +45,21 @@ class ServeOptions:
     ended_retention_ms: int | None = None  # None: the store's default (SPEC §6)
     upstream_allow: str = ""  # proxy mode's hosts and networks (SPEC §4.7); "": any
     upstream_ca_file: str | None = None  # a private CA for upstreams, besides the public roots
+    # Tokens from an identity provider (SPEC §5.1): all three of issuer,
+    # audience and key set, or none (API keys only).
+    jwt_issuer: str | None = None
+    jwt_audience: str | None = None
+    jwt_jwks: str | None = None
+    jwt_header: str | None = None
+    jwt_project_claim: str = DEFAULT_PROJECT_CLAIM
+    jwt_role_claim: str = DEFAULT_ROLE_CLAIM
+
+    def jwt(self) -> JwtSettings | None:
+        if not (self.jwt_issuer and self.jwt_audience and self.jwt_jwks):
+            return None
+        return JwtSettings(self.jwt_issuer, self.jwt_audience, self.jwt_jwks,
+                           self.jwt_header or None, self.jwt_project_claim,
+                           self.jwt_role_claim)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -78,6 +98,7 @@ def launch(
         metrics_key=options.metrics_key or None, bootstrap_key=options.bootstrap_key,
         on_bootstrap=on_bootstrap, worker=worker.number if worker else None,
         upstream_allow=options.upstream_allow, upstream_ca_file=options.upstream_ca_file,
+        jwt=options.jwt(),
     ))
     serve(app, options.host, options.port, options.trusted_proxies, options.max_connections,
           tls, on_ready=on_ready, drain_seconds=options.drain_seconds,

@@ -109,6 +109,11 @@ class Metrics:
         self.refused = Counter(
             "fencepost_callers_refused", "Callers refused: 401, 403, or 429 over the key's quota.",
             ["status"], registry=r)
+        self.tokens_refused = Counter(
+            "fencepost_tokens_refused",
+            "JWTs from an identity provider refused (401), by reason: token_expired, "
+            "wrong_audience, unknown_key_id, bad_signature... (a fixed set).", ["reason"],
+            registry=r)
         self.key_changes = Counter(
             "fencepost_key_changes", "API keys created or revoked.", ["action"], registry=r)
         self.pool_changes = Counter(
@@ -203,6 +208,8 @@ class Metrics:
             self.lost.labels(event.reason or event.code).inc()
         elif isinstance(event, Refused):
             self.refused.labels(str(event.status)).inc()
+            if event.token_reason is not None:
+                self.tokens_refused.labels(event.token_reason).inc()
         elif isinstance(event, KeyChanged):
             self.key_changes.labels(event.action).inc()
         elif isinstance(event, PoolChanged):

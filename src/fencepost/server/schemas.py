@@ -308,11 +308,20 @@ class Retired(msgspec.Struct):
     state: Literal["active", "expired", "retired", "revoked"]
 
 
-class WhoAmI(msgspec.Struct):
+class WhoAmI(msgspec.Struct, omit_defaults=True):
+    """`key_id` is the key's id, or `jwt:` + the token's `sub` for a caller
+    from an identity provider (SPEC §5.1), which `via: "jwt"`, the token's
+    name (`key_name`) and, when an application acts for that caller, the
+    application's key (`app_key_id`) come with. An API key's caller gets the
+    four fields of SPEC §5."""
+
     project: str
     key_id: str
     role: RoleName
     expires_at: At | None
+    key_name: str | None = None
+    via: Literal["key", "jwt"] = "key"
+    app_key_id: str | None = None
 
 
 class StoreReplication(msgspec.Struct):

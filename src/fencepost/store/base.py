@@ -366,6 +366,15 @@ class Store(Protocol):
     async def find_key(self, secret: str) -> KeyRecord | None:
         """The key whose secret this is (revoked and expired keys included)."""
 
+    async def project_exists(self, project: str) -> bool:
+        """Whether the store holds this project (a JWT's project claim must name one)."""
+
+    async def note_identity(
+        self, project: str, caller_id: str, name: str | None, app_key_id: str | None
+    ) -> None:
+        """Remember the name of a caller from an identity provider (SPEC §5.1),
+        and the API key it came through, for the listings that name holders."""
+
     async def admit_request(self, key_id: str, per_minute: int) -> int | None:
         """Count a request against the key's per-minute quota, shared by every
         server: None when admitted, else milliseconds until one would be."""

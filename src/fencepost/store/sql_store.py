@@ -266,6 +266,18 @@ class SqlStore:
         wanted = hash_secret(secret, self._pepper)
         return await self._read(lambda tx: keys.find_key(tx, wanted))
 
+    async def project_exists(self, project: str) -> bool:
+        return await self._read(lambda tx: keys.project_exists(tx, project))
+
+    async def note_identity(
+        self, project: str, caller_id: str, name: str | None, app_key_id: str | None
+    ) -> None:
+        # Upkeep: a name is remembered whatever the replication, like a quota's count.
+        await self._writer.run(
+            lambda tx: keys.note_identity(tx, project, caller_id, name, app_key_id),
+            (Key("identity", project, caller_id),), upkeep=True,
+        )
+
     async def admit_request(self, key_id: str, per_minute: int) -> int | None:
         # Upkeep: a quota counts reads too, which no want of replication refuses.
         return await self._writer.run(

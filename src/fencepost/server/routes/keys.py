@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fencepost.core.keys import Role, parse_networks
 from fencepost.core.timefmt import format_at
-from fencepost.errors import NotFound
+from fencepost.errors import Forbidden, NotFound
 from fencepost.server import schemas
 from fencepost.server.context import Call
 from fencepost.server.http import json_response
@@ -74,6 +74,9 @@ async def refresh_key(call: Call[schemas.RefreshKeyBody | None]) -> Response:
     """POST /v1/keys/refresh: the caller's own key mints its successor; the
     caller's key keeps working until its own expiry."""
     svc, caller = call.services, call.caller
+    if caller.from_token:
+        raise Forbidden("A caller from an identity provider has no API key to refresh; "
+                        "the identity provider issues its next token.")
     expires_in_ms = None
     if call.body is not None and call.body.expires_in_seconds is not None:
         expires_in_ms = call.body.expires_in_seconds * 1000
@@ -141,5 +144,8 @@ async def whoami(call: Call[None]) -> Response:
             project=caller.project, key_id=caller.key_id,
             role=caller.role.label,  # type: ignore[arg-type]
             expires_at=format_at(caller.expires_ms),
+            key_name=caller.key_name if caller.from_token else None,
+            via="jwt" if caller.from_token else "key",
+            app_key_id=caller.app_key_id,
         ),
     )

@@ -308,3 +308,33 @@ def admit_request(tx: Tx, key_id: str, per_minute: int) -> int | None:
             (key_id, gate.theoretical_arrival_ms),
         )
     return wait_ms
+
+
+def project_exists(tx: Tx, project: str) -> bool:
+    return tx.execute("SELECT 1 FROM projects WHERE name = ?", (project,)).fetchone() is not None
+
+
+# A caller from an identity provider not seen for this long is forgotten: longer
+# than any lease it could hold (90 days), so a holder's name outlives the lease.
+IDENTITY_RETENTION_MS = 100 * 86_400_000
+# The most forgotten callers one note deletes (the rest go with later notes).
+_FORGET_AT_ONCE = 100
+
+
+def note_identity(
+    tx: Tx, project: str, caller_id: str, name: str | None, app_key_id: str | None
+) -> None:
+    """Remember the name of a caller from an identity provider (SPEC §5.1), and
+    forget a few that have not been seen for IDENTITY_RETENTION_MS, so that
+    the table grows with callers, not with time."""
+    tx.execute(
+        "INSERT INTO identities (project, id, name, app_key_id, seen_ms) VALUES (?, ?, ?, ?, ?) "
+        "ON CONFLICT (project, id) DO UPDATE SET name = excluded.name, "
+        "app_key_id = excluded.app_key_id, seen_ms = excluded.seen_ms",
+        (project, caller_id, name, app_key_id, tx.now_ms),
+    )
+    tx.execute(
+        "DELETE FROM identities WHERE (project, id) IN (SELECT project, id FROM identities "
+        "WHERE seen_ms < ? ORDER BY seen_ms LIMIT ?)",
+        (tx.now_ms - IDENTITY_RETENTION_MS, _FORGET_AT_ONCE),
+    )

@@ -51,7 +51,7 @@ from fencepost.store.sql import ended, fencing, sessions
 from fencepost.store.sql.bounded import delete_oldest_claimed
 from fencepost.store.sql.known_leases import KnownLeases
 from fencepost.store.sql.replicas import Place
-from fencepost.store.sql.rows import columns, width
+from fencepost.store.sql.rows import HOLDER_NAME, columns, names_of, width
 from fencepost.store.together import Together, unnest
 
 
@@ -77,7 +77,7 @@ _LEASE_COLUMNS = columns(_LeaseRow)
 # Where a row of lease columns continues (e.g. the holder's name that follows them).
 _AFTER_LEASE = width(_LeaseRow)
 _NO_TICKET = 2**62
-_WAITER_COLUMNS = "w.key_id, k.name, w.since_ms, w.gives_up_ms"
+_WAITER_COLUMNS = f"w.key_id, {HOLDER_NAME}, w.since_ms, w.gives_up_ms"
 _LEASE_VALUES = (
     "project, key, lock_token, fencing_token, acquired_ms, expires_ms, deadline_ms, dies_ms, "
     "operation, metadata, on_expiry, key_id, lock_delay_ms, mode, session_id"
@@ -837,18 +837,19 @@ def view(tx: Tx, project: str, key: str) -> LockView:
         (project, key, tx.now_ms),
     ).fetchone()
     lease = live[0] if live else None
-    holder = None if lease is None else holder_of(tx, lease)
+    holder = None if lease is None else holder_of(tx, project, lease)
     line = line_of(tx, project, key) if waiting else ()
     return LockView(key, lease, int(waiting), tx.now_ms, holder, line, len(live))
 
 
-def holder_of(tx: Tx, lease: Lease) -> KeyRef:
+def holder_of(tx: Tx, project: str, lease: Lease) -> KeyRef:
     if lease.key_id is None:
         return KeyRef(None, None)
-    row = tx.execute("SELECT name FROM api_keys WHERE id = ?", (lease.key_id,)).fetchone()
-    if row is None:
-        return KeyRef(lease.key_id, None)
-    (name,) = row
+    (name,) = tx.execute(
+        "SELECT COALESCE((SELECT name FROM api_keys WHERE id = ?), "
+        "(SELECT name FROM identities WHERE project = ? AND id = ?))",
+        (lease.key_id, project, lease.key_id),
+    ).fetchone()
     return KeyRef(lease.key_id, name)
 
 
@@ -859,7 +860,7 @@ def _waiter(key_id: str | None, name: str | None, since_ms: int, gives_up_ms: in
 def line_of(tx: Tx, project: str, key: str) -> tuple[WaiterView, ...]:
     """The first LINE_SHOWN live waiters in arrival (ticket) order."""
     rows = tx.execute(
-        f"SELECT {_WAITER_COLUMNS} FROM lock_waiters w LEFT JOIN api_keys k ON k.id = w.key_id "
+        f"SELECT {_WAITER_COLUMNS} FROM lock_waiters w {names_of('w')} "
         "WHERE w.project = ? AND w.key = ? AND w.alive_until_ms > ? ORDER BY w.ticket LIMIT ?",
         (project, key, tx.now_ms, LINE_SHOWN),
     ).fetchall()
@@ -874,7 +875,7 @@ def _lines_between(
     rows = tx.execute(
         f"SELECT * FROM (SELECT w.key, {_WAITER_COLUMNS}, w.ticket, "
         "ROW_NUMBER() OVER (PARTITION BY w.key ORDER BY w.ticket) AS place "
-        "FROM lock_waiters w LEFT JOIN api_keys k ON k.id = w.key_id "
+        f"FROM lock_waiters w {names_of('w')} "
         "WHERE w.project = ? AND w.key >= ? AND w.key <= ? AND w.alive_until_ms > ?) AS line "
         "WHERE place <= ? ORDER BY key, ticket",
         (project, first, last, tx.now_ms, LINE_SHOWN),
@@ -904,8 +905,8 @@ def list_views(
     first, last = counted[0][0], counted[-1][0]
     oldest: dict[str, tuple[Lease, str | None]] = {}
     for row in tx.execute(
-        f"SELECT {columns(_LeaseRow, 'l')}, k.name FROM locks l "
-        "LEFT JOIN api_keys k ON k.id = l.key_id WHERE l.project = ? AND l.key >= ? "
+        f"SELECT {columns(_LeaseRow, 'l')}, {HOLDER_NAME} FROM locks l "
+        f"{names_of('l')} WHERE l.project = ? AND l.key >= ? "
         "AND l.key <= ? AND l.dies_ms > ? ORDER BY l.key, l.acquired_ms, l.fencing_token",
         (project, first, last, tx.now_ms),
     ).fetchall():

@@ -25,3 +25,14 @@ def columns(shape: Shape, alias: str = "") -> str:
 def width(shape: Shape) -> int:
     """How many columns `shape` reads: where the columns that follow it start."""
     return len(shape._fields)
+
+
+# The name of the caller that holds or waits: an API key's name, or the name a
+# caller from an identity provider last gave (SPEC §5.1, table identities).
+HOLDER_NAME = "COALESCE(k.name, i.name)"
+
+
+def names_of(alias: str) -> str:
+    """The joins HOLDER_NAME reads, for a row `alias` with key_id and project."""
+    return (f"LEFT JOIN api_keys k ON k.id = {alias}.key_id "
+            f"LEFT JOIN identities i ON i.project = {alias}.project AND i.id = {alias}.key_id")

@@ -12,6 +12,7 @@ from fencepost.errors import NotFound
 from fencepost.store.base import KeyRef, SlotAttempt, SlotHolderView
 from fencepost.store.batch import Refused, Tx, refused_before_writing
 from fencepost.store.sql import pools
+from fencepost.store.sql.rows import HOLDER_NAME, names_of
 
 # "slot_" and 8 of the 32 random characters: enough to tell slots apart in a
 # listing, far too few to guess the rest (the id carries 192 random bits).
@@ -40,8 +41,8 @@ def list_slots(tx: Tx, project: str, pool: str) -> list[SlotHolderView] | Refuse
     if isinstance(missing, Refused):
         return missing
     rows = tx.execute(
-        "SELECT s.slot_id, s.key_id, k.name, s.acquired_ms, s.lease_deadline_ms, "
-        "s.request_deadline_ms FROM slots s LEFT JOIN api_keys k ON k.id = s.key_id "
+        f"SELECT s.slot_id, s.key_id, {HOLDER_NAME}, s.acquired_ms, s.lease_deadline_ms, "
+        f"s.request_deadline_ms FROM slots s {names_of('s')} "
         "WHERE s.project = ? AND s.pool = ? AND s.lease_deadline_ms > ? "
         "ORDER BY s.acquired_ms, s.slot_id",
         (project, pool, tx.now_ms),
