@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -261,3 +264,37 @@ def test_what_looks_like_a_jwt() -> None:
     assert looks_like_jwt("eyJhbGciOi.eyJzdWIi.c2ln")
     assert not looks_like_jwt("fp_" + "a" * 43)
     assert not looks_like_jwt("eyJ.only-one-dot")
+
+
+def _serve(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FENCEPOST_")}
+    return subprocess.run(
+        [sys.executable, "-m", "fencepost", "serve", "--store",
+         f"sqlite:///{tmp_path / 'fp.db'}", "--port", "0", *args],
+        capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--jwt-issuer", ISSUER], "--jwt-audience, --jwt-jwks"),
+    (["--jwt-issuer", ISSUER, "--jwt-jwks", "https://idp.example/certs"], "--jwt-audience"),
+    (["--jwt-header", "Cf-Access-Jwt-Assertion"], "--jwt-header needs"),
+    (["--jwt-issuer", ISSUER, "--jwt-audience", AUDIENCE, "--jwt-jwks", "/no/such/jwks.json"],
+     "--jwt-jwks"),
+    (["--jwt-issuer", ISSUER, "--jwt-audience", AUDIENCE, "--jwt-jwks",
+      "https://idp.example/certs", "--jwt-header", "X-Api-Key"], "cannot carry a token"),
+])
+def test_serve_refuses_half_a_jwt_setup_and_creates_nothing(
+    tmp_path: Path, args: list[str], said: str,
+) -> None:
+    done = _serve(tmp_path, *args)
+    assert done.returncode == 2, done.stderr
+    assert said in done.stderr
+    assert not (tmp_path / "fp.db").exists()
+
+
+def test_serve_refuses_a_jwks_file_without_usable_keys(tmp_path: Path) -> None:
+    path = tmp_path / "jwks.json"
+    path.write_text(json.dumps({"keys": [{"kty": "oct", "k": "c2VjcmV0"}]}))
+    done = _serve(tmp_path, "--jwt-issuer", ISSUER, "--jwt-audience", AUDIENCE,
+                  "--jwt-jwks", str(path))
+    assert done.returncode == 2 and "no usable signing key" in done.stderr

@@ -41,17 +41,24 @@ class Ctx:
     api_key: str | None
     timeout: float
     as_json: bool
+    # A JWT from the caller's identity provider (SPEC §5.1), read again as it expires.
+    token_file: str | None = None
+    token_command: str | None = None
 
     def client(self, *, need_key: bool = True, timeout: float | None = None,
                on_renewed: OnRenewed | None = None) -> AsyncClient:
         """A client with these settings; `timeout` lowers the per-request
         timeout, `on_renewed` is told of every lease renewal that got through."""
-        if need_key and not self.api_key:
+        if self.token_file and self.token_command:
+            raise CliFailure("give --token-file or --token-command, not both.", ExitCode.USAGE)
+        if need_key and not (self.api_key or self.token_file or self.token_command):
             raise CliFailure(
-                "no API key: pass --api-key or set FENCEPOST_API_KEY.", ExitCode.USAGE
+                "no API key: pass --api-key or set FENCEPOST_API_KEY (or a token from your "
+                "identity provider: --token-file or --token-command).", ExitCode.USAGE
             )
         chosen = self.timeout if timeout is None else min(self.timeout, timeout)
-        return AsyncClient(self.url, self.api_key, timeout=chosen, on_renewed=on_renewed)
+        return AsyncClient(self.url, self.api_key, timeout=chosen, on_renewed=on_renewed,
+                           token_file=self.token_file, token_command=self.token_command)
 
     def emit(self, data: Any, human: str | Callable[[], str]) -> None:
         """Print `data` as JSON with `--json`, else the human text."""
@@ -73,6 +80,14 @@ def connection_options(command: Callable[P, T]) -> Callable[P, T]:
         click.option("--api-key", envvar="FENCEPOST_API_KEY", default=None, metavar="KEY",
                      help="API key [env FENCEPOST_API_KEY; prefer the variable: "
                           "arguments are visible to other local users]."),
+        click.option("--token-file", envvar="FENCEPOST_TOKEN_FILE", default=None, metavar="PATH",
+                     help="A file holding a JWT from your identity provider, sent as the "
+                          "bearer and read again when it expires; with --api-key, the key "
+                          "acts for the token's user [env FENCEPOST_TOKEN_FILE]."),
+        click.option("--token-command", envvar="FENCEPOST_TOKEN_COMMAND", default=None,
+                     metavar="COMMAND",
+                     help="A command that prints such a JWT, run again when it expires "
+                          "[env FENCEPOST_TOKEN_COMMAND]."),
         click.option("--timeout", type=Seconds(min=0.1, max=3600), default=10.0,
                      show_default=True, metavar="SECONDS", help="Per-request timeout."),
         click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts."),
@@ -88,12 +103,13 @@ def api_command(fn: Callable[..., Awaitable[int | None]]) -> Callable[..., None]
 
     @functools.wraps(fn)
     def callback(url: str, api_key: str | None, timeout: float, as_json: bool,
-                 **params: Any) -> None:
+                 token_file: str | None, token_command: str | None, **params: Any) -> None:
         try:
             check_url(url.strip())
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--url") from None
-        ctx = Ctx(url.strip(), api_key, timeout, as_json)
+        ctx = Ctx(url.strip(), api_key, timeout, as_json, token_file or None,
+                  token_command or None)
         sys.exit(run_async(ctx, fn(ctx, **params)))
 
     return callback

@@ -122,8 +122,13 @@ async def retire(ctx: Ctx, key_id: str) -> None:
 @connection_options
 @api_command
 async def whoami(ctx: Ctx) -> None:
-    """Show the project, key ID, role and expiry of your API key."""
+    """Show the project, key ID, role and expiry of your API key (or token)."""
     async with ctx.client() as client:
         me = await client.whoami()
     expiry = f", expires {relative(me.expires_at)}" if me.expires_at else ""
-    ctx.emit(me.to_dict(), f"key {me.key_id} ({me.role}) in project {me.project}{expiry}")
+    who = f"key {me.key_id}"
+    if me.via == "jwt":
+        who = f"{me.key_id}" + (f" ({me.key_name})" if me.key_name else "")
+        if me.app_key_id:
+            who += f" through key {me.app_key_id}"
+    ctx.emit(me.to_dict(), f"{who} ({me.role}) in project {me.project}{expiry}")

@@ -98,8 +98,14 @@ class AsyncClient(CurrentKey, Methods, AsyncRunner):
     expiry); a call the old key had in flight that is refused for it is sent
     once more with the new key. `on_renewed(sent)` is called after every
     lease renewal that got through, with the `time.monotonic()` instant its
-    first attempt was sent (the lease runs at least its TTL from then). Use it
-    with `async with` or call `aclose()`.
+    first attempt was sent (the lease runs at least its TTL from then).
+    `token_file` or `token_command` (or `FENCEPOST_TOKEN_FILE` /
+    `FENCEPOST_TOKEN_COMMAND`) sends a JWT from the caller's identity provider
+    as the bearer (SPEC §5.1), read again shortly before it expires and when
+    the server refuses it (the refused call is then sent once more with the
+    new token); with an `api_key` too, the key goes in `X-Api-Key`: an
+    application acting for the token's user. Use it with `async with` or call
+    `aclose()`.
 
     Every API call is a coroutine method (`acquire_lock`, `get_lock`, `set_pool`,
     `create_key`, ...; see `fencepost.client.Methods`); `lock()` and `slot()` are
@@ -118,8 +124,12 @@ class AsyncClient(CurrentKey, Methods, AsyncRunner):
         on_key_refresh: OnKeyRefresh | None = None,
         retire_previous: bool = False,
         on_renewed: OnRenewed | None = None,
+        token_file: str | None = None,
+        token_command: str | None = None,
     ) -> None:
-        self.settings = Settings.resolve(url, api_key, timeout, retries, ca_bundle=ca_bundle)
+        self.settings = Settings.resolve(url, api_key, timeout, retries, ca_bundle=ca_bundle,
+                                         token_file=token_file, token_command=token_command)
+        self._bearer = self.settings.bearer_token()
         self._edge = async_edge(self.settings, transport)
         self._on_key_refresh = on_key_refresh
         self._key_refresh = (None if on_key_refresh is None
@@ -163,16 +173,26 @@ class AsyncClient(CurrentKey, Methods, AsyncRunner):
                 and not self._refreshing.locked():
             await self._refresh_key_now()
         used = self.settings.api_key
+        token = None
+        if self._bearer is not None:
+            # Reading may run a command: off the loop, so that renewals go on.
+            token = self._bearer.cached
+            if token is None or self._bearer.due():
+                token = await asyncio.to_thread(self._bearer.current)
         try:
             return await self._send_as_is(call, retries)
         except Unauthorized as error:
-            if self._key_refresh is None or not self._key_refresh.retire_previous:
-                raise
-            if self._refresher is not asyncio.current_task():
-                async with self._refreshing:  # a refresh under way swaps the key as it ends
-                    pass
-            if not self._retired_since(error, used):
-                raise
+            if self._bearer is not None:
+                if not await asyncio.to_thread(self._bearer.after_refusal, token):
+                    raise  # the same token again would be refused again
+            else:
+                if self._key_refresh is None or not self._key_refresh.retire_previous:
+                    raise
+                if self._refresher is not asyncio.current_task():
+                    async with self._refreshing:  # a refresh under way swaps the key as it ends
+                        pass
+                if not self._retired_since(error, used):
+                    raise
         return await self._send_as_is(call, retries)
 
     async def _refresh_key_now(self) -> None:

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from fencepost.client.bearer_token import BearerToken
 from fencepost.client.calls import Call
 from fencepost.client.models import CreatedKey, WhoAmI
 from fencepost.client.operations import Op, refresh_key, whoami
@@ -90,6 +91,7 @@ class CurrentKey:
 
     settings: Settings
     _key_refresh: KeyRefresh | None
+    _bearer: BearerToken | None = None
 
     def _use_key(self, secret: str) -> None:
         # One reference swap: a request being built on another thread reads
@@ -106,6 +108,12 @@ class CurrentKey:
 
     def _headers(self, call: Call[Any]) -> dict[str, str]:
         headers = call.all_headers()
-        if self._key_refresh is not None and self.settings.api_key:
+        if self._bearer is not None and self._bearer.cached is not None:
+            # The user's token as the bearer; the key, if any, is the
+            # application acting for that user (SPEC §5.1).
+            headers["Authorization"] = f"Bearer {self._bearer.cached}"
+            if self.settings.api_key:
+                headers["X-Api-Key"] = self.settings.api_key
+        elif self._key_refresh is not None and self.settings.api_key:
             headers["Authorization"] = f"Bearer {self.settings.api_key}"  # the latest key
         return headers

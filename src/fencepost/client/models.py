@@ -289,12 +289,18 @@ class CreatedKey(Model, frozen=True, kw_only=True):
 
 
 class WhoAmI(Model, frozen=True, kw_only=True):
-    """The calling key's project, ID, role and expiry (None: it never expires)."""
+    """The calling key's project, ID, role and expiry (None: it never expires).
+    A caller from an identity provider (`via == "jwt"`) has `key_id` `jwt:`
+    + its token's sub, the token's name as `key_name`, and `app_key_id` when
+    an application's key acts for it."""
 
     project: str
     key_id: str
     role: Role
     expires_at: datetime | None = None
+    via: Literal["key", "jwt"] = "key"
+    key_name: str | None = None
+    app_key_id: str | None = None
 
 
 class Health(Model, frozen=True, kw_only=True):

@@ -103,8 +103,12 @@ class Client(CurrentKey, Methods, SyncRunner):
         on_key_refresh: OnKeyRefresh | None = None,
         retire_previous: bool = False,
         on_renewed: OnRenewed | None = None,
+        token_file: str | None = None,
+        token_command: str | None = None,
     ) -> None:
-        self.settings = Settings.resolve(url, api_key, timeout, retries, ca_bundle=ca_bundle)
+        self.settings = Settings.resolve(url, api_key, timeout, retries, ca_bundle=ca_bundle,
+                                         token_file=token_file, token_command=token_command)
+        self._bearer = self.settings.bearer_token()
         self._http = httpx.Client(transport=transport, **self.settings.client_options())
         self._on_key_refresh = on_key_refresh
         self._key_refresh = (None if on_key_refresh is None
@@ -153,15 +157,20 @@ class Client(CurrentKey, Methods, SyncRunner):
         if self._key_refresh is not None and self._key_refresh.is_due():
             self._refresh_key_now()
         used = self.settings.api_key
+        token = None if self._bearer is None else self._bearer.current()
         try:
             return self._send_as_is(call, retries)
         except Unauthorized as error:
-            if self._key_refresh is None or not self._key_refresh.retire_previous:
-                raise
-            with self._refreshing:  # a refresh under way swaps the key as it ends
-                pass
-            if not self._retired_since(error, used):
-                raise
+            if self._bearer is not None:
+                if not self._bearer.after_refusal(token):
+                    raise  # the same token again would be refused again
+            else:
+                if self._key_refresh is None or not self._key_refresh.retire_previous:
+                    raise
+                with self._refreshing:  # a refresh under way swaps the key as it ends
+                    pass
+                if not self._retired_since(error, used):
+                    raise
         return self._send_as_is(call, retries)
 
     def _refresh_key_now(self) -> None:

@@ -17,6 +17,7 @@ import httpx
 import msgspec
 
 from fencepost import __version__
+from fencepost.client.bearer_token import BearerToken
 from fencepost.client.calls import Call, Reply
 from fencepost.client.retrying import Retries
 from fencepost.client.wire import Pool
@@ -57,6 +58,11 @@ class Settings:
     timeout: float = DEFAULT_TIMEOUT_S
     retries: Retries = field(default_factory=Retries)
     ca_bundle: str | None = None
+    # A JWT from an identity provider, read from a file or printed by a command
+    # (`FENCEPOST_TOKEN_FILE`, `FENCEPOST_TOKEN_COMMAND`; SPEC §5.1): sent as
+    # the bearer, with `api_key` (if any) in X-Api-Key: an app acting for its user.
+    token_file: str | None = None
+    token_command: str | None = None
 
     @classmethod
     def resolve(
@@ -67,8 +73,15 @@ class Settings:
         retries: Retries | None = None,
         env: Mapping[str, str] | None = None,
         ca_bundle: str | None = None,
+        token_file: str | None = None,
+        token_command: str | None = None,
     ) -> Settings:
         env = os.environ if env is None else env
+        if not (token_file or token_command):
+            token_file = env.get("FENCEPOST_TOKEN_FILE") or None
+            token_command = env.get("FENCEPOST_TOKEN_COMMAND") or None
+        if token_file and token_command:
+            raise ValueError("Give a token file or a token command, not both.")
         chosen_url = (url or env.get("FENCEPOST_URL") or DEFAULT_URL).strip().rstrip("/")
         check_url(chosen_url)
         return cls(
@@ -77,7 +90,13 @@ class Settings:
             timeout=DEFAULT_TIMEOUT_S if timeout is None else float(timeout),
             retries=retries or Retries(),
             ca_bundle=ca_bundle or env.get("FENCEPOST_CA_BUNDLE") or None,
+            token_file=token_file or None, token_command=token_command or None,
         )
+
+    def bearer_token(self) -> BearerToken | None:
+        if not (self.token_file or self.token_command):
+            return None
+        return BearerToken(self.token_file, self.token_command)
 
     def default_headers(self) -> dict[str, str]:
         """The headers every request carries (a call's own headers win)."""
