@@ -697,7 +697,11 @@ async function signIn(key) {
   $("sign-in").hidden = true;
   $("tabs").hidden = false;
   $("who").hidden = false;
-  $("who-text").textContent = `${whoami.role} key ${whoami.key_id}, project ${whoami.project}`;
+  // A token from an identity provider (via "jwt") names a person, not a key.
+  const who = whoami.via === "jwt"
+    ? `${whoami.role} ${whoami.key_name || whoami.key_id}`
+    : `${whoami.role} key ${whoami.key_id}`;
+  $("who-text").textContent = `${who}, project ${whoami.project}`;
   document.body.dataset.role = whoami.role;
   showMessage("");
   showView();
