@@ -12,12 +12,26 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from identity_provider import AUDIENCE, ISSUER, IdentityProvider, SigningKey
+
 from support import ServerProcess
+
+_IDENTITY_PROVIDER: IdentityProvider | None = None
+
+
+def identity_provider() -> IdentityProvider:
+    """The identity provider the docs' JWT examples sign in with (one per test
+    process): its tokens reach the examples as $JWT, $USER_JWT and $TOKEN_FILE."""
+    global _IDENTITY_PROVIDER
+    if _IDENTITY_PROVIDER is None:
+        _IDENTITY_PROVIDER = IdentityProvider(SigningKey.make("ES256"))
+    return _IDENTITY_PROVIDER
 
 
 class FirstStartServer(ServerProcess):
     """`fencepost serve` as on a first start: it generates the admin key and
-    saves it beside the database, where the docs' examples read it."""
+    saves it beside the database, where the docs' examples read it. It takes
+    JWTs from the docs' identity provider too, as docs/operations.md shows."""
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in super().env().items() if not k.startswith("FENCEPOST_")}
@@ -25,6 +39,10 @@ class FirstStartServer(ServerProcess):
         return env
 
     def start(self, timeout: float = 20.0) -> FirstStartServer:
+        if "--jwt-issuer" not in self.extra_args:
+            idp = identity_provider()
+            self.extra_args += ["--jwt-issuer", ISSUER, "--jwt-audience", AUDIENCE,
+                                "--jwt-jwks", idp.jwks_url]
         super().start(timeout)
         key_file = self.workdir / "fencepost.db.admin-key"
         deadline = time.monotonic() + timeout
@@ -79,4 +97,16 @@ def example_env(server: ServerProcess, upstream_url: str) -> dict[str, str]:
     env["FENCEPOST_URL"] = server.base_url
     env["FENCEPOST_API_KEY"] = server.admin_key
     env["UPSTREAM"] = upstream_url
+    # What a reader signed in at an identity provider has: a member's token
+    # ($JWT, and in $TOKEN_FILE as a sidecar would keep it), a user's token
+    # without fencepost claims ($USER_JWT) and an application's key ($APP_KEY).
+    idp = identity_provider()
+    hour = int(time.time()) + 3600
+    env["JWT"] = idp.token("ada", name="Ada Lovelace", exp=hour)
+    token_file = server.workdir / "token"
+    token_file.write_text(env["JWT"] + "\n")
+    env["TOKEN_FILE"] = str(token_file)
+    env["USER_JWT"] = idp.token("grace", name="Grace Hopper", exp=hour,
+                                fencepost_project=None, fencepost_role=None)
+    env["APP_KEY"] = server.create_key("member", name="web-app")["key"]
     return env

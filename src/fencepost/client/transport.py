@@ -86,7 +86,8 @@ class Settings:
         check_url(chosen_url)
         return cls(
             url=chosen_url,
-            api_key=api_key or env.get("FENCEPOST_API_KEY") or None,
+            # api_key="" says "no key" (a token alone), where None reads the environment.
+            api_key=(api_key if api_key is not None else env.get("FENCEPOST_API_KEY")) or None,
             timeout=DEFAULT_TIMEOUT_S if timeout is None else float(timeout),
             retries=retries or Retries(),
             ca_bundle=ca_bundle or env.get("FENCEPOST_CA_BUNDLE") or None,

@@ -382,7 +382,9 @@ class ErrorInfo(msgspec.Struct):
     reason: Annotated[
         str, Meta(description="lease_lost: expired, released, force_released, superseded, "
                   "session_expired or session_ended; session_lost: session_expired or "
-                  "session_ended; lock_held: lock_delay while the lock is in its lock delay.")
+                  "session_ended; lock_held: lock_delay while the lock is in its lock delay; "
+                  "unauthorized: why a JWT was refused (token_expired, wrong_audience, "
+                  "unknown_key_id, bad_signature, algorithm_not_allowed...).")
     ] | None = None
     in_use: Annotated[int, Meta(ge=0, description="too_many_requests: slots held.")] | None = None
     effective_limit: Annotated[
