@@ -99,12 +99,17 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         return self.rfile.read(length) if length else b""
 
     def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+        # As a real server does (RFC 9110 §6.4.1, §8.6): a 1xx, 204 or 304 has
+        # no content (and a 1xx or 204 no Content-Length). Bytes sent after
+        # one would be read as the next answer on the kept-alive connection.
+        bodiless = status < 200 or status in (204, 304)
         self.send_response(status)
         for name, value in (headers or {}).items():
             self.send_header(name, value)
-        self.send_header("content-length", str(len(body)))
+        if not (status < 200 or status == 204):
+            self.send_header("content-length", "0" if bodiless else str(len(body)))
         self.end_headers()
-        if self.command != "HEAD":
+        if self.command != "HEAD" and not bodiless:
             self.wfile.write(body)
 
     def _any(self) -> None:
