@@ -148,3 +148,34 @@ def test_the_cli_refuses_two_token_sources_and_explains_a_refusal(
     done = _cli(server, "whoami", "--token-file", str(path))
     assert done.returncode == 6, done.stderr
     assert "another audience" in done.stderr
+
+
+async def test_proxy_clients_send_the_token(server: ServerProcess, idp: IdentityProvider,
+                                            tmp_path: Path) -> None:
+    """Proxy mode's httpx clients carry the token like every other call: without
+    it, a client with no key would be refused (401) before the upstream."""
+    from proxy_upstreams import Upstream
+
+    upstream = Upstream()
+    try:
+        pool = unique_name("pool")
+        with server.client() as admin:
+            made = admin.put(f"/v1/pools/{pool}", json={
+                "limit": 2, "upstream": {"base_url": upstream.url}})
+            assert made.status_code == 201, made.text
+        path = tmp_path / "token"
+        path.write_text(idp.token("hana"))
+        with fencepost.Client(server.base_url, api_key="", token_file=str(path)) as client, \
+                client.proxy_client(pool, wait=5) as proxied:
+            answer = proxied.post("echo", json={"q": 1})
+            assert answer.status_code == 200, answer.text
+        async with fencepost.AsyncClient(server.base_url, api_key="",
+                                         token_file=str(path)) as aclient:
+            async with aclient.proxy_client(pool, wait=5) as aproxied:
+                answer = await aproxied.get("echo")
+                assert answer.status_code == 200, answer.text
+        # The user's token went to fencepost, never on to the upstream.
+        sent = [dict((k.lower(), v) for k, v in seen["headers"]) for seen in upstream.seen]
+        assert len(sent) == 2 and all("authorization" not in h for h in sent)
+    finally:
+        upstream.close()

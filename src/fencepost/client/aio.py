@@ -146,7 +146,7 @@ class AsyncClient(CurrentKey, Methods, AsyncRunner):
         """`Client.proxy_client` for asyncio: an `httpx.AsyncClient` whose
         requests go through pool `pool` in proxy mode (SPEC §4.7)."""
         return httpx.AsyncClient(**{**proxy_options(lambda: self.settings, pool, wait, no_queue,
-                                             timeout), **options})
+                                             timeout, self._bearer), **options})
 
     @property
     def url(self) -> str:

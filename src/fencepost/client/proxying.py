@@ -12,13 +12,15 @@ never renews one and never reports, and the pool still learns from every answer.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Mapping
+import asyncio
+from collections.abc import AsyncGenerator, Callable, Generator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
+from fencepost.client.bearer_token import BearerToken
 from fencepost.client.transport import Settings, trust_context
 
 
@@ -52,21 +54,41 @@ class Upstream:
 
 class _CurrentKey(httpx.Auth):
     """The fencepost client's key at each request, so that a proxied client
-    follows the fencepost client's own key refreshes."""
+    follows the fencepost client's own key refreshes; or its token from an
+    identity provider (SPEC §5.1), with the key beside it in X-Api-Key."""
 
-    def __init__(self, key: Callable[[], str | None]) -> None:
+    def __init__(self, key: Callable[[], str | None], bearer: BearerToken | None) -> None:
         self._key = key
+        self._bearer = bearer
+
+    def _sign(self, request: httpx.Request, token: str | None) -> None:
+        key = self._key()
+        if token is not None:
+            request.headers["Authorization"] = f"Bearer {token}"
+            if key:
+                request.headers["X-Api-Key"] = key
+        elif key:
+            request.headers["Authorization"] = f"Bearer {key}"
 
     def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
-        key = self._key()
-        if key:
-            request.headers["Authorization"] = f"Bearer {key}"
+        token = None if self._bearer is None else self._bearer.current()
+        self._sign(request, token)
+        yield request
+
+    async def async_auth_flow(
+        self, request: httpx.Request,
+    ) -> AsyncGenerator[httpx.Request, httpx.Response]:
+        token = None
+        if self._bearer is not None:
+            # Reading may run a command: off the event loop.
+            token = await asyncio.to_thread(self._bearer.current)
+        self._sign(request, token)
         yield request
 
 
 def proxy_options(
     settings: Callable[[], Settings], pool: str, wait: float | None, no_queue: bool,
-    timeout: float | None,
+    timeout: float | None, bearer: BearerToken | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments for an httpx client whose requests go through `pool`."""
     now = settings()
@@ -80,7 +102,7 @@ def proxy_options(
     options: dict[str, Any] = {
         "base_url": f"{now.url}/v1/pools/{quote(pool, safe='')}/proxy/",
         "headers": headers,
-        "auth": _CurrentKey(lambda: settings().api_key),
+        "auth": _CurrentKey(lambda: settings().api_key, bearer),
         "timeout": httpx.Timeout(read, connect=10.0),
         "follow_redirects": False,
     }

@@ -131,7 +131,7 @@ class Client(CurrentKey, Methods, SyncRunner):
         that failed 502 or 504. `timeout` is for the upstream's answer, the
         wait comes on top; `options` go to httpx. Use it in a `with` block."""
         return httpx.Client(**{**proxy_options(lambda: self.settings, pool, wait, no_queue,
-                                             timeout), **options})
+                                             timeout, self._bearer), **options})
 
     @property
     def url(self) -> str:
