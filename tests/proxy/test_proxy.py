@@ -15,7 +15,7 @@ import pytest
 from proxy_upstreams import Upstream
 
 from pool_support import acquire, make_pool, pool_state, release
-from support import ServerProcess, unique_name, wait_until
+from support import ServerProcess, assert_error, unique_name, wait_until
 
 SECRET = "sk-upstream-secret-0123456789"
 
@@ -378,3 +378,20 @@ def test_a_caller_that_never_reads_holds_its_slot_no_longer_than_the_pools_cap(
             assert c.get(proxy(pool, "echo")).status_code == 200  # the pool serves on
         # (What the kernel had already taken of the answer still trickles out
         # at the reader's pace after the server lets go: not drained here.)
+
+
+def test_x_cost_spends_the_pool_s_unit_budget(server: ServerProcess, upstream: Upstream) -> None:
+    """SPEC §4.6/§4.7: X-Cost is the call's cost; the answer says what is left,
+    the budget paces proxied calls as it paces slots, and the header never
+    reaches the upstream."""
+    with server.client() as c:
+        pool = proxied_pool(c, upstream, limit=50, cost_per_minute=60_000)
+        first = c.post(proxy(pool, "echo"), headers={"X-Cost": "1000"}, content=b"{}")
+        assert first.status_code == 200, first.text
+        assert int(first.headers["x-remaining-cost"]) <= 59_000
+        assert not header_values(first.json()["headers"], "X-Cost")
+        assert c.post(proxy(pool, "echo"), headers={"X-Cost": "1000"}).status_code == 200
+        refused = c.post(proxy(pool, "echo"), headers={"X-Cost": "1000"})
+        assert_error(refused, 429)
+        for bad in ("-1", "1.5", "lots", "1000000001"):
+            assert_error(c.post(proxy(pool, "echo"), headers={"X-Cost": bad}), 400)

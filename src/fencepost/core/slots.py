@@ -46,6 +46,7 @@ class PoolConfig:
     min_limit: int = 1
     upstream: Upstream | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    cost_per_minute: int | None = None  # units (tokens) per minute (SPEC §4.6)
 
     @property
     def suggested_renew_interval_ms(self) -> int:

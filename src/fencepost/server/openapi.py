@@ -68,6 +68,11 @@ _HEADERS: dict[str, dict[str, Any]] = {
         "description": "Slots the pool admits now (the learned limit when adaptive).",
         "required": True, "schema": {"type": "integer", "minimum": 0},
     },
+    "X-Remaining-Cost": {
+        "description": "Units of the pool's budget per minute not yet spent, after this "
+                       "admission; only where the pool has a unit budget (SPEC §4.6).",
+        "schema": {"type": "integer", "minimum": 0},
+    },
     "X-Queued-Ms": {
         "description": "How long this acquire waited in line.",
         "required": True, "schema": {"type": "integer", "minimum": 0},

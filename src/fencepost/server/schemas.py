@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
+from fencepost.core.costs import MAX_COST
 from fencepost.core.leases import (
     LOCK_DELAY_MAX_SECONDS,
     LOCK_SET_MAX_KEYS,
@@ -442,6 +443,12 @@ MaxBodyBytes = Annotated[
     int, Meta(ge=0, le=MAX_MAX_BODY_BYTES,
               description="Largest proxied request or response body (413 / 502 beyond it).")
 ]
+# Unit budgets (SPEC §4.6): what one call costs, and a pool's budget per minute.
+Cost = Annotated[int, Meta(ge=0, le=MAX_COST, description="Units (such as tokens) of the "
+                           "upstream's budget the call spends.")]
+CostPerMinute = Annotated[int, Meta(ge=1, le=10**12, description="Units (such as tokens) the "
+                                    "upstream allows per minute; admissions are paced so "
+                                    "that their costs fit it.")]
 
 
 class UpstreamBody(Request):
@@ -483,6 +490,7 @@ class PoolConfigBody(Request):
     ] = 1
     upstream: UpstreamBody | None = None
     max_body_bytes: MaxBodyBytes = DEFAULT_MAX_BODY_BYTES
+    cost_per_minute: CostPerMinute | None = None
 
 
 class PoolPatchBody(Request):
@@ -504,6 +512,7 @@ class PoolPatchBody(Request):
     min_limit: Annotated[int, Meta(ge=1, le=10_000)] | msgspec.UnsetType = msgspec.UNSET
     upstream: UpstreamPatch | None | msgspec.UnsetType = msgspec.UNSET
     max_body_bytes: MaxBodyBytes | msgspec.UnsetType = msgspec.UNSET
+    cost_per_minute: CostPerMinute | None | msgspec.UnsetType = msgspec.UNSET
 
 
 class PoolStatsBody(msgspec.Struct):
@@ -539,6 +548,17 @@ class LearnedState(msgspec.Struct):
     rpm: int | None
     window_reset_at: At | None
     round_trip_ms: float | None
+    effective_cost_per_minute: Annotated[int, Meta(
+        description="The unit budget admissions are paced by (SPEC §4.6): the configured "
+        "cost_per_minute or the one the upstream's token headers state, whichever is lower; "
+        "null without one.")] | None = None
+    cost_per_minute: Annotated[int, Meta(
+        description="The unit budget per minute the upstream's headers stated.")] | None = None
+    remaining_cost: Annotated[int, Meta(
+        description="Units of the minute's budget not yet spent.")] | None = None
+    average_cost: Annotated[float, Meta(
+        description="Running average of what a call costs: charged to calls that declare "
+        "no cost.")] | None = None
 
 
 class PoolState(msgspec.Struct):
@@ -554,6 +574,7 @@ class PoolState(msgspec.Struct):
     min_limit: int
     upstream: UpstreamState | None
     max_body_bytes: int
+    cost_per_minute: int | None
     in_use: int
     queued: int
     effective_limit: int
@@ -591,6 +612,7 @@ class AcquireSlotBody(Request):
     # Any wait is clamped to the pool's queue_timeout_ms (SPEC §4.2): no upper bound.
     wait_ms: Annotated[int, Meta(ge=0)] | None = None
     session_id: SessionId | None = None
+    cost: Cost | None = None
 
 
 class SlotGrant(msgspec.Struct):
@@ -628,6 +650,8 @@ class ReleaseSlotBody(Request):
     retry_after_ms: Count | None = None
     rate: RateState | None = None
     headers: Annotated[dict[HeaderName, HeaderValue], Meta(max_length=256)] | None = None
+    cost: Annotated[Cost, Meta(description="Units the call really spent: replaces the "
+                               "estimate given at acquire (SPEC §4.6).")] | None = None
 
 
 # --- sessions (SPEC §3.10) ---------------------------------------------------------

@@ -204,6 +204,11 @@ class PoolView:
     now_ms: int
     governor: GovernorState  # what the pool has learned (SPEC §4.5)
     effective_rpm: int | None = None
+    # The unit budget paced by (SPEC §4.6), and what is left of its minute.
+    effective_cost_per_minute: int | None = None
+    remaining_cost: int | None = None
+    average_cost: float | None = None
+    learned_cost_per_minute: int | None = None  # the budget the upstream's headers state
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +241,8 @@ class SlotAttempt:
     # The wait acquire_slot was asked for, clamped to `config`
     # (rules.clamp_wait_ms; 0: fail fast). A retry's is 0: its wait was settled.
     wait_ms: int = 0
+    # Units of the pool's budget left after this grant (SPEC §4.6; None: no budget).
+    remaining_cost: int | None = None
 
 
 # How many lock keys and pools a session's view lists; `leases` and `slots`
@@ -274,6 +281,7 @@ class SlotReport:
     retry_after_ms: int | None = None
     rate: RateLimitInfo | None = None  # `rate` merged over the parsed `headers`
     report_json: str | None = None  # the whole report, as sent
+    cost: int | None = None  # units the call really spent (SPEC §4.6)
 
 
 class Store(Protocol):
@@ -452,6 +460,7 @@ class Store(Protocol):
     async def acquire_slot(
         self, project: str, pool: str, *, wait_ms: int = 0, no_queue: bool = False,
         wait_alive_ms: int | None, key_id: str | None = None, session_id: str | None = None,
+        cost: int | None = None,
     ) -> SlotAttempt:
         """Admit, queue, or refuse. The wait asked for (`wait_ms`; none with
         `no_queue`, SPEC §4.2's X-No-Queue) is clamped to the pool's
@@ -462,11 +471,12 @@ class Store(Protocol):
         NotFound for an unknown pool, before anything else. A slot admitted
         records `key_id`, the API key that asked. With `session_id`, the slot
         is attached to that session of `key_id`'s (NotFound when it is not
-        theirs, SessionLost when it has ended)."""
+        theirs, SessionLost when it has ended). `cost`: the units the call
+        will spend of the pool's budget (SPEC §4.6; None: the pool's average)."""
 
     async def retry_slot_waiter(
         self, project: str, pool: str, ticket: int, alive_ms: int, key_id: str | None = None,
-        session_id: str | None = None,
+        session_id: str | None = None, cost: int | None = None,
     ) -> SlotAttempt:
         """Admit a waiter when a slot is free and no live waiter is ahead of it,
         reporting the pool's configuration as it is now (the one a slot is

@@ -396,10 +396,11 @@ class SqlStore:
     async def acquire_slot(
         self, project: str, pool: str, *, wait_ms: int = 0, no_queue: bool = False,
         wait_alive_ms: int | None, key_id: str | None = None, session_id: str | None = None,
+        cost: int | None = None,
     ) -> SlotAttempt:
         place = None if wait_alive_ms is None else self._place(wait_alive_ms)
         known = self._known_pools
-        wanted = pools.Wanted(wait_ms, no_queue)
+        wanted = pools.Wanted(wait_ms, no_queue, cost)
         if session_id is not None:
             # A plain operation: the pool's existence, then the session, are
             # read before anything else (an unknown pool is 404 first, SPEC §4.2),
@@ -430,13 +431,14 @@ class SqlStore:
 
     async def retry_slot_waiter(
         self, project: str, pool: str, ticket: int, alive_ms: int, key_id: str | None = None,
-        session_id: str | None = None,
+        session_id: str | None = None, cost: int | None = None,
     ) -> SlotAttempt:
         place = self._place(alive_ms)
         return await self._writer.run(
             lambda tx: _attached_slot(
                 tx, project, key_id, session_id,
-                lambda: pools.retry_waiter(tx, self._known_pools, project, pool, ticket, place),
+                lambda: pools.retry_waiter(tx, self._known_pools, project, pool, ticket, place,
+                                           cost),
             ),
             pools.key_of(project, pool) + sessions.key_of(project, session_id),
         )

@@ -40,7 +40,8 @@ def pool_state(view: PoolView) -> schemas.PoolState:
         upstream=None if c.upstream is None else schemas.UpstreamState(
             base_url=c.upstream.base_url, headers=c.upstream.header_names,
             timeout_ms=c.upstream.timeout_ms),
-        max_body_bytes=c.max_body_bytes, in_use=view.in_use, queued=view.queued,
+        max_body_bytes=c.max_body_bytes, cost_per_minute=c.cost_per_minute,
+        in_use=view.in_use, queued=view.queued,
         effective_limit=view.effective_limit,
         effective_rpm=view.effective_rpm,
         learned=schemas.LearnedState(
@@ -56,6 +57,10 @@ def pool_state(view: PoolView) -> schemas.PoolState:
             rpm=g.learned_rpm,
             window_reset_at=format_at(g.window_reset_ms),
             round_trip_ms=None if g.hold_ms is None else round(g.hold_ms, 1),
+            effective_cost_per_minute=view.effective_cost_per_minute,
+            cost_per_minute=view.learned_cost_per_minute,
+            remaining_cost=view.remaining_cost,
+            average_cost=None if view.average_cost is None else round(view.average_cost, 1),
         ),
         stats=schemas.PoolStatsBody(
             released=s.released, reclaimed=s.reclaimed, statuses=s.statuses,
@@ -82,7 +87,7 @@ def _config(body: schemas.PoolConfigBody) -> PoolConfig:
         term_ms=body.term_ms, renew_interval_ms=body.renew_interval_ms,
         request_timeout_ms=body.request_timeout_ms, rpm=body.rpm, adaptive=body.adaptive,
         min_limit=body.min_limit, upstream=_upstream(body.upstream),
-        max_body_bytes=body.max_body_bytes,
+        max_body_bytes=body.max_body_bytes, cost_per_minute=body.cost_per_minute,
     )
 
 
@@ -279,11 +284,12 @@ async def acquire(call: Call[schemas.AcquireSlotBody | None]) -> Response:
     wanted_ms, no_queue = wanted_wait(
         call.params, None if call.body is None else call.body.wait_ms)
     session_id = None if call.body is None else call.body.session_id
+    cost = None if call.body is None else call.body.cost
     # The pool is not read first: the store clamps the wait to the pool's
     # configuration in the transaction that admits (and raises NotFound, the
     # 404, for an unknown pool before anything else); see SlotLine.try_once.
     line = SlotLine(svc.store, caller.project, pool, caller.key_id, wanted_ms, no_queue,
-                     session_id, log)
+                     session_id, log, cost)
     asked_s = 0 if no_queue else max(0, wanted_ms) / 1000  # at most this; the try clamps it
     admitted = await wait_for_grant(svc.waiters, line, asked_s, call.request.gone)
     slot = admitted.slot
@@ -296,12 +302,20 @@ async def acquire(call: Call[schemas.AcquireSlotBody | None]) -> Response:
         # the retry that admitted it: a PUT or PATCH meanwhile may have changed
         # the pool's, and the slot's deadlines follow the one it got).
         _grant_body(slot, admitted.config),
-        headers={
-            "X-Remaining-Slots": str(max(0, admitted.effective_limit - admitted.in_use)),
-            "X-Effective-Limit": str(admitted.effective_limit),
-            "X-Queued-Ms": str(log.elapsed_ms),
-        },
+        headers=grant_headers(admitted, log.elapsed_ms),
     )
+
+
+def grant_headers(admitted: SlotAttempt, queued_ms: int) -> dict[str, str]:
+    """What a grant's answer says of the pool (SPEC §4.2, §4.6)."""
+    headers = {
+        "X-Remaining-Slots": str(max(0, admitted.effective_limit - admitted.in_use)),
+        "X-Effective-Limit": str(admitted.effective_limit),
+        "X-Queued-Ms": str(queued_ms),
+    }
+    if admitted.remaining_cost is not None:
+        headers["X-Remaining-Cost"] = str(admitted.remaining_cost)
+    return headers
 
 
 def _grant_body(slot: Slot, config: PoolConfig) -> schemas.SlotGrant:
@@ -319,9 +333,10 @@ class SlotLine:
 
     def __init__(
         self, store: Store, project: str, pool: str, key_id: str, wanted_ms: int,
-        no_queue: bool, session_id: str | None, log: AcquireLog,
+        no_queue: bool, session_id: str | None, log: AcquireLog, cost: int | None = None,
     ) -> None:
         self._store = store
+        self._cost = cost  # units of the pool's budget the call will spend (SPEC §4.6)
         self._session_id = session_id  # attach the slot to it (SPEC §3.10)
         self._project = project
         self._pool = pool
@@ -339,7 +354,8 @@ class SlotLine:
         alive_ms = WAITER_ALIVE_MS if wait else None
         attempt = await self._store.acquire_slot(
             self._project, self._pool, wait_ms=self._wanted_ms, no_queue=self._no_queue,
-            wait_alive_ms=alive_ms, key_id=self._key_id, session_id=self._session_id)
+            wait_alive_ms=alive_ms, key_id=self._key_id, session_id=self._session_id,
+            cost=self._cost)
         # The wait clamped to the pool's configuration (SPEC §4.2) decides how
         # long to wait, and whether a refusal is logged as a timeout.
         self._wait_ms = attempt.wait_ms
@@ -348,7 +364,8 @@ class SlotLine:
 
     async def retry(self, ticket: int) -> Outcome[SlotAttempt]:
         return _outcome(await self._store.retry_slot_waiter(
-            self._project, self._pool, ticket, WAITER_ALIVE_MS, self._key_id, self._session_id))
+            self._project, self._pool, ticket, WAITER_ALIVE_MS, self._key_id, self._session_id,
+            self._cost))
 
     async def leave(self, ticket: int) -> None:
         await self._store.leave_slot_line(self._project, self._pool, ticket)
@@ -400,6 +417,7 @@ async def release(call: Call[schemas.ReleaseSlotBody | None]) -> Response:
             retry_after_ms=body.retry_after_ms,
             rate=await _reported_rate(store, body),
             report_json=msgspec.json.encode(body).decode(),
+            cost=body.cost,
         )
     released = await store.release_slot(
         call.caller.project, call.params["pool"], call.params["slot_id"], report)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import msgspec
 
 from fencepost.clock import wall_clock_ms
+from fencepost.core.costs import MAX_COST
 from fencepost.core.proxy_headers import (
     caller_response_headers,
     has_dot_segment,
@@ -85,7 +86,7 @@ async def forward(call: Call[None]) -> StreamingResponse:
         raise InvalidRequest('The proxied path may not have "." or ".." segments.')
     wanted_ms, no_queue = wanted_wait(call.params, None)
     line = SlotLine(svc.store, caller.project, pool, caller.key_id, wanted_ms, no_queue,
-                    None, call.acquire_log)
+                    None, call.acquire_log, declared_cost(call.params))
     asked_s = 0 if no_queue else max(0, wanted_ms) / 1000  # at most this; the try clamps it
     admitted = await wait_for_grant(svc.waiters, line, asked_s, request.gone)
     queued_ms = call.acquire_log.elapsed_ms  # the wait for a slot, not the upstream's time
@@ -106,6 +107,17 @@ async def forward(call: Call[None]) -> StreamingResponse:
             _close_quietly(response)
         await held.end(_report_of_failure(error))
         raise
+
+
+def declared_cost(params: dict[str, str]) -> int | None:
+    """X-Cost: the units the call will spend of the pool's budget (SPEC §4.6, §4.7)."""
+    value = params.get("x-cost")
+    if value is None:
+        return None
+    if int(value) > MAX_COST:
+        raise InvalidRequest(f"X-Cost must be at most {MAX_COST}.",
+                             details=[{"field": "X-Cost", "message": "out of range"}])
+    return int(value)
 
 
 def _checked(config: PoolConfig, request: Request, pool: str) -> Upstream:
@@ -272,6 +284,8 @@ def _relay(
     headers = caller_response_headers(pairs)
     headers.append(("x-queued-ms", str(queued_ms)))
     headers.append(("x-effective-limit", str(admitted.effective_limit)))
+    if admitted.remaining_cost is not None:
+        headers.append(("x-remaining-cost", str(admitted.remaining_cost)))
     assert held.slot is not None
     log.write("granted", status, waited_ms=queued_ms,
               slot_id_prefix=held.slot.slot_id[:9], upstream_status=status)

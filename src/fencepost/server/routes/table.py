@@ -126,6 +126,12 @@ PROXY_QUEUE_TIMEOUT = Param(
     refused_with=InvalidRequest,
     refusal="X-Queue-Timeout-Ms must be a whole number of milliseconds.",
 )
+PROXY_COST = Param(
+    "X-Cost", "header", {"type": "integer", "minimum": 0, "maximum": 1_000_000_000},
+    "Units (such as tokens) of the pool's budget the call will spend (SPEC §4.6); "
+    "without it, the pool's running average.",
+    refused_with=InvalidRequest, refusal="X-Cost must be a whole number of units.",
+)
 PROXY_NO_QUEUE = Param(
     "X-No-Queue", "header", {"type": "string"},
     "Fail fast even when a wait was asked for (unless 0, false, no or off).",
@@ -256,7 +262,8 @@ ROUTES: tuple[RouteSpec, ...] = (
                   refusal="X-Queue-Timeout-Ms must be a whole number of milliseconds."),
             PROXY_NO_QUEUE,
         ),
-        response_headers=("X-Remaining-Slots", "X-Effective-Limit", "X-Queued-Ms"),
+        response_headers=("X-Remaining-Slots", "X-Effective-Limit", "X-Queued-Ms",
+                          "X-Remaining-Cost"),
         logged=AcquireLogged("pool.acquire", "pool", "pool"),
     ),
     *(RouteSpec(
@@ -265,8 +272,8 @@ ROUTES: tuple[RouteSpec, ...] = (
         responses=((200, None, "The upstream's answer, streamed as it sent it (any status)."),),
         errors=(NotFound, TooManyRequests, QueueTimeout, ShuttingDown, UpstreamUnavailable,
                 UpstreamTimeout, PayloadTooLarge, InvalidRequest),
-        params=(PROXY_QUEUE_TIMEOUT, PROXY_NO_QUEUE),
-        response_headers=("X-Effective-Limit", "X-Queued-Ms"),
+        params=(PROXY_QUEUE_TIMEOUT, PROXY_NO_QUEUE, PROXY_COST),
+        response_headers=("X-Effective-Limit", "X-Queued-Ms", "X-Remaining-Cost"),
         logged=AcquireLogged("pool.proxy", "pool", "pool"), passthrough=True,
     ) for method in PROXY_METHODS),
     RouteSpec(

@@ -27,8 +27,10 @@ import secrets
 from dataclasses import dataclass, replace
 from typing import Any, Callable, NamedTuple
 
+from fencepost.core import costs
 from fencepost.core import governor as gov
 from fencepost.core import slots as rules
+from fencepost.core.costs import CostState
 from fencepost.core.governor import GovernorState, Hint, Outcome
 from fencepost.core.sessions import attached_expiry_ms
 from fencepost.core.slots import PoolConfig, Slot, Upstream
@@ -74,6 +76,7 @@ class _ConfigRow(NamedTuple):
     min_limit: int
     upstream_json: str | None  # proxy mode (SPEC §4.7); see upstream_json()
     max_body_bytes: int
+    cost_per_minute: int | None  # a unit budget (SPEC §4.6)
 
 
 class _GovernorRow(NamedTuple):
@@ -134,12 +137,13 @@ class _SlotRow(NamedTuple):
 
 _CONFIG_COLUMNS = columns(_ConfigRow)
 # A pool row as read: its configuration, its governor, then its pacing clock
-# (GCRA: when the next paced admission is due) and its admission version;
-# counts may follow.
-_POOL_COLUMNS = f"{_CONFIG_COLUMNS}, {columns(_GovernorRow)}, pace_tat_ms, admission_version"
+# (GCRA: when the next paced admission is due), its admission version and its
+# unit budget's state (core/costs.py); counts may follow.
+_POOL_COLUMNS = (f"{_CONFIG_COLUMNS}, {columns(_GovernorRow)}, pace_tat_ms, admission_version, "
+                 "cost_tat_ms, avg_cost, learned_cost_per_minute")
 _AFTER_CONFIG = width(_ConfigRow)
 _AFTER_GOVERNOR = _AFTER_CONFIG + width(_GovernorRow)
-_AFTER_POOL = _AFTER_GOVERNOR + 2
+_AFTER_POOL = _AFTER_GOVERNOR + 5
 _STATS_COLUMNS = columns(_StatsRow)
 _SLOT_COLUMNS = columns(_SlotRow)
 _AFTER_SLOT = width(_SlotRow)
@@ -155,6 +159,7 @@ class _Pool:
     # Names the configuration and governor above (not the pacing clock, which
     # only a paced pool reads); see the module docstring.
     version: int = 0
+    costs: CostState = CostState()  # the unit budget's clock and average (SPEC §4.6)
 
     @property
     def learns_rate(self) -> bool:
@@ -176,6 +181,13 @@ class _Pool:
             return None
         return gov.pace_interval_ms(self.config.rpm, self.governor)
 
+    @property
+    def cost_budget(self) -> float | None:
+        """Units per minute to pace by: the configured budget, or one learned
+        from the upstream's headers (by a pool that learns, as rates are)."""
+        learned = self.costs if self.learns_rate else CostState()
+        return costs.per_minute(self.config.cost_per_minute, learned)
+
     def paused(self, now_ms: int) -> bool:
         # A pause learned while the pool was adaptive or rated ends with that.
         return self.learns_rate and gov.pause_remaining_ms(self.governor, now_ms) is not None
@@ -183,7 +195,8 @@ class _Pool:
     def admits_by_count(self, now_ms: int) -> bool:
         """Whether only the live slots and the line decide an admission now:
         no pacing to keep, no pause (nor its probes)."""
-        return self.pace_interval_ms is None and not self.paused(now_ms)
+        return (self.pace_interval_ms is None and self.cost_budget is None
+                and not self.paused(now_ms))
 
 
 # Each pool as this process last read or wrote it (see the module docstring).
@@ -211,7 +224,7 @@ def _config(r: _ConfigRow) -> PoolConfig:
         term_ms=r.term_ms, renew_interval_ms=r.renew_interval_ms,
         request_timeout_ms=r.request_timeout_ms, rpm=r.rpm, adaptive=bool(r.adaptive),
         min_limit=r.min_limit, upstream=upstream_of(r.upstream_json),
-        max_body_bytes=r.max_body_bytes,
+        max_body_bytes=r.max_body_bytes, cost_per_minute=r.cost_per_minute,
     )
 
 
@@ -328,8 +341,10 @@ def _pool(row: Any, pool: str) -> _Pool:
         raise NotFound(f"No pool named {pool!r}.")
     config = _config(_ConfigRow._make(row[:_AFTER_CONFIG]))
     governor = _governor(_GovernorRow._make(row[_AFTER_CONFIG:_AFTER_GOVERNOR]), config)
-    pace_tat_ms, version = row[_AFTER_GOVERNOR:_AFTER_POOL]
-    return _Pool(config, governor, float(pace_tat_ms), int(version))
+    pace_tat_ms, version, cost_tat, average, learned = row[_AFTER_GOVERNOR:_AFTER_POOL]
+    cost_state = CostState(float(cost_tat), None if average is None else float(average),
+                           learned)
+    return _Pool(config, governor, float(pace_tat_ms), int(version), cost_state)
 
 
 _LOAD_WITH_COUNTS = (
@@ -397,7 +412,15 @@ def view(tx: Tx, project: str, pool: str, known: KnownPools | None = None) -> Po
         now_ms=tx.now_ms,
         governor=state.governor,
         effective_rpm=state.rpm,
+        effective_cost_per_minute=_whole(state.cost_budget),
+        remaining_cost=costs.remaining(state.costs, state.cost_budget, tx.now_ms),
+        average_cost=state.costs.average,
+        learned_cost_per_minute=state.costs.learned_per_minute if state.learns_rate else None,
     )
+
+
+def _whole(budget: float | None) -> int | None:
+    return None if budget is None else int(budget)
 
 
 def put(
@@ -407,6 +430,7 @@ def put(
         config.limit, config.queue_size, config.queue_timeout_ms, config.term_ms,
         config.renew_interval_ms, config.request_timeout_ms, config.rpm, int(config.adaptive),
         config.min_limit, upstream_json(config.upstream), config.max_body_bytes,
+        config.cost_per_minute,
     )
     version = _new_version()
     # Contract: replacing a configuration keeps the pool's slots, statistics and
@@ -415,14 +439,15 @@ def put(
     updated = tx.execute(
         "UPDATE pools SET slot_limit = ?, queue_size = ?, queue_timeout_ms = ?, term_ms = ?, "
         "renew_interval_ms = ?, request_timeout_ms = ?, rpm = ?, adaptive = ?, min_limit = ?, "
-        "upstream_json = ?, max_body_bytes = ?, updated_ms = ?, admission_version = ? "
+        "upstream_json = ?, max_body_bytes = ?, cost_per_minute = ?, updated_ms = ?, "
+        "admission_version = ? "
         "WHERE project = ? AND name = ?",
         (*values, tx.now_ms, version, project, pool),
     ).rowcount
     if not updated:
         tx.execute(
             f"INSERT INTO pools (project, name, {_CONFIG_COLUMNS}, created_ms, updated_ms, "
-            "admission_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "admission_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (project, pool, *values, tx.now_ms, tx.now_ms, version),
         )
     tx.events.append(pool_freed(project, pool, wake_all=True))
@@ -458,14 +483,16 @@ def delete(tx: Tx, known: KnownPools, project: str, pool: str) -> bool:
 
 
 def _admit(
-    tx: Tx, known: KnownPools, project: str, pool: str, state: _Pool, used: int
+    tx: Tx, known: KnownPools, project: str, pool: str, state: _Pool, used: int,
+    cost: int | None,
 ) -> SlotAttempt:
     now = tx.now_ms
     slot = rules.new_slot(new_slot_id(), pool, state.config, now)
+    charged = costs.charge(cost, state.costs)
     tx.execute(
-        f"INSERT INTO slots (project, {_SLOT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        f"INSERT INTO slots (project, {_SLOT_COLUMNS}, cost) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
         (project, slot.slot_id, pool, slot.acquired_ms, slot.lease_deadline_ms,
-         slot.request_deadline_ms, slot.session_id),
+         slot.request_deadline_ms, slot.session_id, charged),
     )
     interval = state.pace_interval_ms
     if interval is not None:
@@ -473,15 +500,26 @@ def _admit(
             "UPDATE pools SET pace_tat_ms = ? WHERE project = ? AND name = ?",
             (rules.paced(state.pace_tat_ms, interval, now), project, pool),
         )
+    budget = state.cost_budget
+    spent = costs.admitted(state.costs, charged, cost is not None, budget, now)
+    if spent != state.costs:
+        tx.execute(
+            "UPDATE pools SET cost_tat_ms = ?, avg_cost = ? WHERE project = ? AND name = ?",
+            (spent.tat_ms, spent.average, project, pool),
+        )
+        _remember(known, project, pool, replace(state, costs=spent))
     tx.events.append(Granted("slot", project, pool, None, tx.origin))
     if state.learns_rate and gov.probe_wait_ms(state.governor, now) is not None:
         # Admitted during a pause: this call is a probe; space out the next one.
-        _save_governor(tx, known, project, pool, state, gov.after_probe(state.governor, now))
-    return SlotAttempt(slot, None, used + 1, state.limit, state.config)
+        _save_governor(tx, known, project, pool, replace(state, costs=spent),
+                       gov.after_probe(state.governor, now))
+    return SlotAttempt(slot, None, used + 1, state.limit, state.config,
+                       remaining_cost=costs.remaining(spent, budget, now))
 
 
 def _try_admit(
     tx: Tx, known: KnownPools, project: str, pool: str, state: _Pool, counts: _Counts,
+    cost: int | None = None,
 ) -> SlotAttempt:
     """Admit, or a refusal saying when to try again (from what was read with
     the counts: a refusal reads nothing more)."""
@@ -492,27 +530,34 @@ def _try_admit(
     paused_until = g.paused_until_ms if paused else None
     interval = state.pace_interval_ms
     probe_ms = gov.probe_wait_ms(g, now) if paused else None
-    waits = (probe_ms, rules.pace_wait_ms(state.pace_tat_ms, interval, now))
+    budget = state.cost_budget
+    waits = (probe_ms, rules.pace_wait_ms(state.pace_tat_ms, interval, now),
+             costs.wait_ms(state.costs, budget, now))
     blocked_ms = max((w for w in waits if w), default=None)
     if blocked_ms is None and rules.may_admit(state.limit, used, waiters_ahead):
-        return _admit(tx, known, project, pool, state, used)
+        return _admit(tx, known, project, pool, state, used, cost)
     if blocked_ms is None:
         caps = [] if counts.first_cap_ms is None else [counts.first_cap_ms]
         blocked_ms = rules.retry_after_ms(caps, now, g.hold_ms)
-    elif interval is not None and waiters_ahead:
-        # Each waiter ahead takes one paced turn first: re-checking all at the
-        # next turn would be a stampede of which only the head can win.
-        blocked_ms += int(waiters_ahead * interval)
+    elif waiters_ahead and (interval is not None or budget is not None):
+        # Each waiter ahead takes one paced turn (and its share of the unit
+        # budget) first: re-checking all at the next turn would be a stampede
+        # of which only the head can win.
+        turn = max(interval or 0.0, costs.charge(None, state.costs) * (
+            costs.unit_ms(budget) if budget is not None else 0.0))
+        blocked_ms += int(waiters_ahead * turn)
     left = None if paused_until is None else max(1, paused_until - now)
     return SlotAttempt(
         None, None, used, state.limit, state.config, blocked_ms, paused_until, left)
 
 
 class Wanted(NamedTuple):
-    """The wait an acquire asked for (SPEC §4.2), before the pool clamps it."""
+    """The wait an acquire asked for (SPEC §4.2), before the pool clamps it,
+    and the cost it declared (SPEC §4.6)."""
 
     wait_ms: int
     no_queue: bool  # X-No-Queue: fail fast whatever the wait
+    cost: int | None = None
 
     def clamped(self, config: PoolConfig) -> int:
         return rules.clamp_wait_ms(config, self.wait_ms, self.no_queue)
@@ -553,7 +598,8 @@ def acquire(
         return loaded  # no pool: the guarded join inserted nothing either
     state, counts = loaded
     wait_ms = wanted.clamped(state.config)
-    attempt = replace(_try_admit(tx, known, project, pool, state, counts), wait_ms=wait_ms)
+    attempt = replace(_try_admit(tx, known, project, pool, state, counts, wanted.cost),
+                      wait_ms=wait_ms)
     ticket = None if placed is None else _ticket_of(placed)
     waits = attempt.slot is None and ticket is not None and wait_ms > 0
     if ticket is not None and not waits:
@@ -653,7 +699,8 @@ def acquire_step(
     now = tx.now_ms
     remembered = known.get((project, pool))
     sent: tuple[Cursor, Cursor | None] | None = None
-    if remembered is not None and remembered.admits_by_count(now):
+    # A declared cost goes to the general case: the pool's average learns from it.
+    if remembered is not None and wanted.cost is None and remembered.admits_by_count(now):
         state = remembered
         slot = rules.new_slot(new_slot_id(), pool, state.config, now)
         if tx.gathers(_ADMIT_IN_ORDER):
@@ -703,7 +750,8 @@ def _join_line(tx: Tx, project: str, pool: str, place: Place) -> int:
 
 
 def retry_waiter(
-    tx: Tx, known: KnownPools, project: str, pool: str, ticket: int, place: Place
+    tx: Tx, known: KnownPools, project: str, pool: str, ticket: int, place: Place,
+    cost: int | None = None,
 ) -> SlotAttempt:
     # The refresh of its place and the read it is decided on go out together
     # (one round trip on PostgreSQL): the read counts the waiters ahead of the
@@ -725,7 +773,7 @@ def retry_waiter(
         ticket = _join_line(tx, project, pool, place)
         counted = load_with_counts(tx, known, project, pool, ticket)
     state, counts = counted
-    attempt = _try_admit(tx, known, project, pool, state, counts)
+    attempt = _try_admit(tx, known, project, pool, state, counts, cost)
     if attempt.slot is None:
         return replace(attempt, ticket=ticket)
     tx.execute("DELETE FROM slot_waiters WHERE ticket = ?", (ticket,))
@@ -895,7 +943,7 @@ def release(
         # evidence on its own (one holder alone pauses a pool briefly).
         deleted = tx.execute(
             f"DELETE FROM slots WHERE slot_id = ? AND project = ? AND pool = ? "
-            f"RETURNING {_SLOT_COLUMNS}{'' if report is None else ', key_id'}",
+            f"RETURNING {_SLOT_COLUMNS}{'' if report is None else ', key_id, cost'}",
             (slot_id, project, pool),
         )
 
@@ -918,7 +966,9 @@ def release(
             assert counted is not None  # a report is never gathered
             state = _pool(counted.fetchone(), pool)
             _remember(known, project, pool, state)
-            _learn(tx, known, project, pool, state, report, now - slot.acquired_ms, row[-1])
+            reporter, charged = row[-2:]
+            state = _settle_cost(tx, known, project, pool, state, report, charged or 0)
+            _learn(tx, known, project, pool, state, report, now - slot.acquired_ms, reporter)
         tx.events.append(pool_freed(project, pool))
         held_ms = now - slot.acquired_ms
         tx.events.append(Ended("slot", project, pool, "released", held_ms, tx.origin))
@@ -933,6 +983,41 @@ def release(
         return found if isinstance(found, Refused) else False  # else simply gone
 
     return Step(answer, otherwise)
+
+
+def _settle_cost(
+    tx: Tx, known: KnownPools, project: str, pool: str, state: _Pool, report: SlotReport,
+    charged: int,
+) -> _Pool:
+    """What a report says of the unit budget (SPEC §4.6): the real cost of the
+    call (the clock and the average settle the difference from its charge),
+    and, for a pool that learns, the budget the upstream states and what is
+    left of it. The pool as it stands after."""
+    settled = state.costs
+    if report.cost is not None:
+        settled = costs.released(settled, charged, report.cost, state.cost_budget)
+    rate = report.rate
+    if state.learns_rate and rate is not None and (
+            rate.token_limit is not None or rate.token_remaining is not None):
+        settled = costs.learned(settled, rate.token_limit, rate.token_remaining,
+                                state.config.cost_per_minute, tx.now_ms)
+    if settled == state.costs:
+        return state
+    version = state.version
+    if settled.learned_per_minute != state.costs.learned_per_minute:
+        # The budget paced by changed: a remembered pool's fast path must not
+        # admit by count alone any more (see the module docstring).
+        version = _new_version()
+    tx.execute(
+        "UPDATE pools SET cost_tat_ms = ?, avg_cost = ?, learned_cost_per_minute = ?, "
+        "admission_version = ? WHERE project = ? AND name = ?",
+        (settled.tat_ms, settled.average, settled.learned_per_minute, version, project, pool),
+    )
+    after = replace(state, costs=settled, version=version)
+    known.put((project, pool), after)
+    if settled.tat_ms < state.costs.tat_ms:
+        tx.events.append(pool_freed(project, pool))  # spent less than charged: room sooner
+    return after
 
 
 def _learn(
