@@ -59,6 +59,12 @@ def pool() -> None:
               help="Proxy mode: the largest body either way [10485760].")
 @click.option("--no-upstream", is_flag=True, default=False,
               help="Turn proxy mode off: forget the upstream and its headers.")
+@click.option("--cost-per-minute", type=click.IntRange(1, 10**12), default=None,
+              metavar="UNITS",
+              help="A unit budget: the tokens (or other units) the upstream allows per "
+                   "minute; calls are admitted as their costs fit it.")
+@click.option("--no-cost-budget", is_flag=True, default=False,
+              help="Forget the configured unit budget.")
 @quiet_option("the pool's name")
 @connection_options
 @api_command
@@ -68,7 +74,8 @@ async def set_(ctx: Ctx, name: str, limit: int | None, queue_size: int | None,
                rpm: int | None, adaptive: bool | None, min_limit: int | None,
                upstream_url: str | None, upstream_headers: tuple[tuple[str, str], ...],
                upstream_timeout_ms: int | None, max_body_bytes: int | None,
-               no_upstream: bool, quiet: bool) -> None:
+               no_upstream: bool, cost_per_minute: int | None, no_cost_budget: bool,
+               quiet: bool) -> None:
     """Change pool NAME's configuration (admin): only the options given change.
     Creates the pool when there is none (then --limit is needed and options
     left out take the server's defaults)."""
@@ -85,13 +92,17 @@ async def set_(ctx: Ctx, name: str, limit: int | None, queue_size: int | None,
         "term_ms": term_ms, "renew_interval_ms": renew_interval_ms,
         "request_timeout_ms": request_timeout_ms, "rpm": rpm, "adaptive": adaptive,
         "min_limit": min_limit, "upstream": upstream, "max_body_bytes": max_body_bytes,
+        "cost_per_minute": cost_per_minute,
     }
-    if all(value is None for value in fields.values()) and not no_upstream:
+    if cost_per_minute is not None and no_cost_budget:
+        raise click.UsageError("--no-cost-budget goes without --cost-per-minute.")
+    unset: list[Any] = (["upstream"] if no_upstream else []) + (
+        ["cost_per_minute"] if no_cost_budget else [])
+    if all(value is None for value in fields.values()) and not unset:
         raise click.UsageError("Nothing to set: give --limit or another option.")
     async with ctx.client() as client:
         try:
-            info = await client.update_pool(
-                name, **fields, unset=("upstream",) if no_upstream else ())
+            info = await client.update_pool(name, **fields, unset=unset)
         except NotFound:
             if limit is None:
                 raise NotFound(f"No pool named {name!r}; give --limit to create it.") from None
@@ -120,6 +131,7 @@ def _describe(info: PoolInfo) -> str:
                ("upstream headers", None if info.upstream is None
                 else ", ".join(info.upstream.headers) or "none"),
                ("max body", info.max_body_bytes),
+               ("cost per minute", info.cost_per_minute),
            ]) + _describe_learned(info.learned)
 
 
@@ -136,6 +148,11 @@ def _describe_learned(learned: Learned | None) -> str:
          else when(learned.paused_until_at)),
         ("last hint", None if hint is None else
          f"{_ms(hint.retry_after_ms)} from {hint.source}, {relative(hint.at)}"),
+        ("cost per minute", learned.effective_cost_per_minute),
+        ("stated by upstream", learned.cost_per_minute),
+        ("cost remaining", learned.remaining_cost),
+        ("average cost", None if learned.average_cost is None
+         else round(learned.average_cost)),
     ]
     return "\nlearned:\n" + fields(rows)
 

@@ -109,6 +109,9 @@ def _slot_outcome_status(returncode: int) -> int:
               help="Hold the lock(s) shared (a reader): others with --shared may hold "
                    "them too, nobody exclusively.")
 @click.option("--pool", "pool_name", type=NAME, default=None, help="Hold a slot of this pool.")
+@click.option("--cost", type=click.IntRange(0, 10**9), default=None, metavar="UNITS",
+              help="With --pool: the units (tokens) CMD will spend of the pool's budget "
+                   "[default: the pool's average].")
 @click.option("--ttl", type=click.IntRange(5, 7_776_000), default=60, show_default=True,
               metavar="SECONDS", help="Lock lease length; renewed every third of it.")
 @click.option("--session-ttl", type=click.IntRange(SESSION_TTL_MIN_SECONDS,
@@ -138,7 +141,8 @@ def _slot_outcome_status(returncode: int) -> int:
 @connection_options
 @api_command
 async def run(ctx: Ctx, lock_keys: tuple[str, ...], shared: bool, pool_name: str | None,
-              ttl: int, session_ttl: int | None, wait: float, operation: str | None,
+              cost: int | None, ttl: int, session_ttl: int | None, wait: float,
+              operation: str | None,
               metadata: dict[str, Any] | None,
               grace: float | None, busy_exit_code: int, pass_credentials: bool,
               command: tuple[str, ...]) -> int:
@@ -172,6 +176,8 @@ async def run(ctx: Ctx, lock_keys: tuple[str, ...], shared: bool, pool_name: str
                          "--pool POOL.", ExitCode.USAGE)
     if shared and pool_name is not None:
         raise CliFailure("--shared is for locks, not pools.", ExitCode.USAGE)
+    if cost is not None and pool_name is None:
+        raise CliFailure("--cost is for a pool's slot (--pool POOL).", ExitCode.USAGE)
     if session_ttl is not None:
         if len(lock_keys) < 2:
             raise CliFailure("--session-ttl is for several locks (--lock A --lock B ...).",
@@ -206,7 +212,7 @@ async def run(ctx: Ctx, lock_keys: tuple[str, ...], shared: bool, pool_name: str
             else:
                 hold = client.lock_many(lock_keys, **options)
         else:
-            hold = client.slot(pool_name or "", wait=wait, raise_on_loss=False)
+            hold = client.slot(pool_name or "", wait=wait, raise_on_loss=False, cost=cost)
         return await runner.run(client, hold, busy_exit_code)
 
 

@@ -339,15 +339,18 @@ class AsyncClient(CurrentKey, Methods, AsyncRunner):
         on_lost: Callable[[AsyncSlotHold], Any] | None = None,
         cancel_on_loss: bool = False,
         raise_on_loss: bool = True,
+        cost: int | None = None,
     ) -> AsyncSlotHold:
         """Hold a slot of `pool` for an `async with` block: waits up to `wait`
         seconds for one (0 fails fast with `TooManyRequests`), renews it at the
         pool's interval, and releases it on exit with the outcome given to
         `hold.report(...)`. Loss works as for `lock()` (a slot is lost when it is
-        reclaimed, deleted, or reaches its request deadline)."""
+        reclaimed, deleted, or reaches its request deadline). `cost`: the units
+        (tokens) the call will spend of the pool's budget, when the pool has
+        one (SPEC §4.6); report what it really spent with `hold.report(cost=...)`."""
         return AsyncSlotHold(
             self, pool, wait=wait, no_queue=no_queue, on_lost=on_lost,
-            raise_on_loss=raise_on_loss, cancel_on_loss=cancel_on_loss,
+            raise_on_loss=raise_on_loss, cancel_on_loss=cancel_on_loss, cost=cost,
         )
 
     def session(

@@ -264,10 +264,12 @@ class SlotFacts(Holding):
         on_lost: Callable[[Any], Any] | None,
         raise_on_loss: bool,
         session_id: str | None = None,
+        cost: int | None = None,
     ) -> None:
         super().__init__(on_lost, raise_on_loss)
         self.pool = name_segment(pool, "pool")
         self._session_id = session_id
+        self._cost = cost  # the units the call will spend of the pool's budget (SPEC §4.6)
         self._wait = wait
         self._no_queue = no_queue
         self._terms: SlotTerms | None = None
@@ -308,22 +310,25 @@ class SlotFacts(Holding):
         throttled: int | None = None,
         retry_after_ms: int | None = None,
         rate: Mapping[str, int] | None = None,
+        cost: int | None = None,
     ) -> Outcome:
         """Record the upstream outcome to send with the release (SPEC §4.4): pass
         the upstream `httpx.Response`, or `status` and `headers` yourself. Later
         reports win; each 429 reported counts one throttle. Only rate-limit
-        headers are kept."""
+        headers are kept. `cost`: the units the call really spent (the tokens
+        the upstream says it used), which replaces the estimate given to
+        `slot(cost=...)` in the pool's budget (SPEC §4.6)."""
         if response is not None:
             self.outcome = outcome_from_response(response, previous=self.outcome)
         self.outcome = merge_outcome(
             self.outcome, status=status, headers=headers, throttled=throttled,
-            retry_after_ms=retry_after_ms, rate=rate,
+            retry_after_ms=retry_after_ms, rate=rate, cost=cost,
         )
         return self.outcome
 
     def _acquire_op(self) -> Op[SlotGrant]:
         return acquire_slot(self.pool, wait=self._wait, no_queue=self._no_queue,
-                            session_id=self._session_id)
+                            session_id=self._session_id, cost=self._cost)
 
     def _make_terms(self, grant: SlotGrant, sent: float, answered: float) -> list[Terms]:
         self._grant = grant

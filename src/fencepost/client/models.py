@@ -178,6 +178,12 @@ class Learned(Model, frozen=True, kw_only=True):
     window_ms: int | None = None
     paused_until_at: datetime | None = None
     last_hint: LastHint | None = None
+    # The unit budget (SPEC §4.6): the one paced by, the one the upstream's
+    # headers stated, what is left of the minute's, and a call's average cost.
+    effective_cost_per_minute: int | None = None
+    cost_per_minute: int | None = None
+    remaining_cost: int | None = None
+    average_cost: float | None = None
 
 
 class UpstreamInfo(Model, frozen=True, kw_only=True):
@@ -204,6 +210,7 @@ class PoolInfo(Model, frozen=True, kw_only=True):
     min_limit: int | None = None
     upstream: UpstreamInfo | None = None
     max_body_bytes: int | None = None
+    cost_per_minute: int | None = None
     in_use: int | None = None
     queued: int | None = None
     effective_limit: int | None = None
@@ -250,6 +257,7 @@ class SlotGrant(Model, frozen=True, kw_only=True):
     remaining_slots: int | None = None
     effective_limit: int | None = None
     queued_ms: int | None = None
+    remaining_cost: int | None = None  # units of the pool's budget left (SPEC §4.6)
 
 
 class SlotRenewal(Model, frozen=True, kw_only=True):

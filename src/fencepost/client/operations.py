@@ -305,15 +305,18 @@ def set_pool(
     min_limit: int | None = None,
     upstream: Upstream | None = None,
     max_body_bytes: int | None = None,
+    cost_per_minute: int | None = None,
 ) -> Op[PoolInfo]:
     """Create or replace pool `name`'s configuration (admin). Fields left out take
     the server's defaults. `upstream` makes the pool callable in proxy mode
-    (see `Upstream`). Returns the configuration and live state."""
+    (see `Upstream`); `cost_per_minute` gives it a unit budget (tokens per
+    minute, SPEC §4.6). Returns the configuration and live state."""
     fields = {
         "limit": limit, "queue_size": queue_size, "queue_timeout_ms": queue_timeout_ms,
         "term_ms": term_ms, "renew_interval_ms": renew_interval_ms,
         "request_timeout_ms": request_timeout_ms, "rpm": rpm, "adaptive": adaptive,
         "min_limit": min_limit, "max_body_bytes": max_body_bytes,
+        "cost_per_minute": cost_per_minute,
         "upstream": None if upstream is None else upstream.as_json(),
     }
     body = {k: v for k, v in fields.items() if v is not None}
@@ -334,18 +337,21 @@ def update_pool(
     min_limit: int | None = None,
     upstream: Upstream | None = None,
     max_body_bytes: int | None = None,
-    unset: Iterable[Literal["rpm", "renew_interval_ms", "upstream"]] = (),
+    cost_per_minute: int | None = None,
+    unset: Iterable[Literal["rpm", "renew_interval_ms", "upstream", "cost_per_minute"]] = (),
 ) -> Op[PoolInfo]:
     """Change only the given fields of pool `name`'s configuration (admin; PATCH);
-    `unset` clears `rpm` (no rate), `renew_interval_ms` (back to term / 3) or
-    `upstream` (no proxy mode). An `upstream` changes only the parts it gives
-    (its `headers`, when given, replace the whole set). Raises `NotFound` when
-    there is no such pool; returns its configuration and live state."""
+    `unset` clears `rpm` (no rate), `renew_interval_ms` (back to term / 3),
+    `upstream` (no proxy mode) or `cost_per_minute` (no configured unit budget).
+    An `upstream` changes only the parts it gives (its `headers`, when given,
+    replace the whole set). Raises `NotFound` when there is no such pool;
+    returns its configuration and live state."""
     fields = {
         "limit": limit, "queue_size": queue_size, "queue_timeout_ms": queue_timeout_ms,
         "term_ms": term_ms, "renew_interval_ms": renew_interval_ms,
         "request_timeout_ms": request_timeout_ms, "rpm": rpm, "adaptive": adaptive,
         "min_limit": min_limit, "max_body_bytes": max_body_bytes,
+        "cost_per_minute": cost_per_minute,
         "upstream": None if upstream is None else upstream.as_json(),
     }
     body: dict[str, Any] = {k: v for k, v in fields.items() if v is not None}
@@ -383,9 +389,12 @@ def delete_pool(name: str) -> Op[bool]:
 
 
 def acquire_slot_call(pool: str, *, wait: float = 0, no_queue: bool = False,
-                      session_id: str | None = None) -> Call[SlotGrant]:
+                      session_id: str | None = None, cost: int | None = None,
+                      ) -> Call[SlotGrant]:
     headers = {"X-No-Queue": "1"} if no_queue else {}
-    body = {} if session_id is None else {"session_id": session_id}
+    body: dict[str, Any] = {} if session_id is None else {"session_id": session_id}
+    if cost is not None:
+        body["cost"] = cost
     wait_spec = None
     if wait > 0:
         wait_spec = Wait(time.monotonic() + wait, "wait_ms", in_ms=True, cap_s=math.inf)
@@ -398,6 +407,7 @@ def acquire_slot_call(pool: str, *, wait: float = 0, no_queue: bool = False,
             remaining_slots=header_int(reply.headers, "x-remaining-slots"),
             effective_limit=header_int(reply.headers, "x-effective-limit"),
             queued_ms=header_int(reply.headers, "x-queued-ms"),
+            remaining_cost=header_int(reply.headers, "x-remaining-cost"),
         )
 
     # Not idempotent: a retry after a lost answer would take a second slot, so it
@@ -407,13 +417,16 @@ def acquire_slot_call(pool: str, *, wait: float = 0, no_queue: bool = False,
 
 
 def acquire_slot(pool: str, *, wait: float = 0, no_queue: bool = False,
-                 session_id: str | None = None) -> Op[SlotGrant]:
+                 session_id: str | None = None, cost: int | None = None) -> Op[SlotGrant]:
     """Take a slot in `pool`, waiting in line up to `wait` seconds (clamped by the
     pool's `queue_timeout_ms`). Raises `TooManyRequests` when no slot is free and
     no wait was asked (or the queue is full), `QueueTimeout` when the wait ran out.
     With `session_id` the slot follows that session (see `create_session`).
-    You usually want `slot()` instead: it renews and releases for you."""
-    return _one(acquire_slot_call(pool, wait=wait, no_queue=no_queue, session_id=session_id))
+    `cost`: the units (tokens) the call will spend of the pool's budget (SPEC
+    §4.6; without it, the pool's average). You usually want `slot()` instead:
+    it renews and releases for you."""
+    return _one(acquire_slot_call(pool, wait=wait, no_queue=no_queue, session_id=session_id,
+                                  cost=cost))
 
 
 def renew_slot_call(pool: str, slot_id: str, *, retry: bool = True,

@@ -14,13 +14,16 @@ class Outcome:
     """What the upstream answered: its final HTTP `status`, how many 429s the holder
     saw (`throttled`), its retry hint, pre-parsed rate-limit state (`rate`, keys
     `limit`, `remaining`, `reset_ms`, `token_limit`, `token_remaining`,
-    `token_reset_ms`) and/or its raw response `headers` for the server to parse."""
+    `token_reset_ms`) and/or its raw response `headers` for the server to parse,
+    and the units the call really spent of the pool's budget (`cost`, such as
+    the tokens an LLM API says it used; SPEC §4.6)."""
 
     status: int | None = None
     throttled: int | None = None
     retry_after_ms: int | None = None
     rate: dict[str, int] | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    cost: int | None = None
 
     def to_body(self) -> dict[str, Any]:
         """The release body: only the fields that were reported."""
@@ -35,6 +38,8 @@ class Outcome:
             body["rate"] = dict(self.rate)
         if self.headers:
             body["headers"] = dict(self.headers)
+        if self.cost is not None:
+            body["cost"] = self.cost
         return body
 
 
@@ -71,6 +76,7 @@ def merge_outcome(
     throttled: int | None = None,
     retry_after_ms: int | None = None,
     rate: Mapping[str, int] | None = None,
+    cost: int | None = None,
 ) -> Outcome:
     """A new report over an earlier one: later values win, and each reported 429
     counts one upstream throttle unless `throttled` is given outright."""
@@ -86,4 +92,5 @@ def merge_outcome(
         retry_after_ms=retry_after_ms if retry_after_ms is not None else base.retry_after_ms,
         rate=dict(rate) if rate is not None else base.rate,
         headers=rate_headers(headers) if headers is not None else dict(base.headers),
+        cost=cost if cost is not None else base.cost,
     )

@@ -117,10 +117,11 @@ class SessionFacts(Holding, Generic[LockT, SetT, SlotT]):
             lock_delay=lock_delay, shared=shared, token=token,
         )
 
-    def slot(self, pool: str, *, wait: float = 0, no_queue: bool = False) -> SlotT:
+    def slot(self, pool: str, *, wait: float = 0, no_queue: bool = False,
+             cost: int | None = None) -> SlotT:
         """Hold a slot of `pool` for a `with` (`async with`) block, attached to
-        this session."""
-        return self._kinds.slot(self, pool, wait=wait, no_queue=no_queue)
+        this session (`cost` as for the client's `slot()`)."""
+        return self._kinds.slot(self, pool, wait=wait, no_queue=no_queue, cost=cost)
 
     def _require(self) -> SessionTerms:
         if self._terms is None:

@@ -296,10 +296,11 @@ class Client(CurrentKey, Methods, SyncRunner):
         no_queue: bool = False,
         on_lost: Callable[[SlotHold], Any] | None = None,
         raise_on_loss: bool = True,
+        cost: int | None = None,
     ) -> SlotHold:
         """Hold a slot of `pool` for a `with` block; see `AsyncClient.slot`."""
         return SlotHold(self, pool, wait=wait, no_queue=no_queue, on_lost=on_lost,
-                        raise_on_loss=raise_on_loss)
+                        raise_on_loss=raise_on_loss, cost=cost)
 
     def session(
         self,
