@@ -546,6 +546,26 @@ def test_a_proxied_pool_shows_its_upstream_and_header_names_only(
     assert browser_problems(driver) == []
 
 
+def test_a_pool_s_unit_budget_is_shown(console_server: ServerProcess, browser: Any) -> None:
+    """SPEC §4.6: the configured budget, the one paced by, and what is left."""
+    driver = browser
+    pool = unique_name("tokens")
+    with console_server.client() as c:
+        resp = c.put(f"/v1/pools/{pool}", json={"limit": 4, "cost_per_minute": 90_000})
+        assert resp.status_code == 201, resp.text
+        granted = c.post(f"/v1/pools/{pool}/lock/acquire", json={"cost": 1_200})
+        assert granted.status_code == 200, granted.text
+    open_console(driver, console_server, console_server.admin_key, view="pools")
+    visible(driver, f'button[data-pool="{pool}"]').click()
+    wait_for("the pool's budget", lambda: "Cost budget (per minute)" in
+             driver.find_element("id", "pool-detail-state").text)
+    shown = driver.find_element("id", "pool-detail-state").text
+    assert "90000" in shown.replace(",", "")
+    left = shown.split("Cost left this minute")[1].split()[0].replace(",", "")
+    assert left.isdigit() and int(left) <= 90_000 - 1_200 + 1_500
+    assert browser_problems(driver) == []
+
+
 def test_a_pool_s_learned_state_is_shown_field_by_field(console_server: ServerProcess,
                                                        browser: Any) -> None:
     """`learned` as SPEC §4.5 describes it (put into the page's answers, so that

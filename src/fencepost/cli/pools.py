@@ -221,21 +221,27 @@ async def delete(ctx: Ctx, name: str) -> None:
 @click.option("--wait", type=Seconds(min=0), default=0, show_default=True,
               metavar="SECONDS", help="How long to wait for a slot; 0 fails fast.")
 @click.option("--no-queue", is_flag=True, help="Fail fast even if --wait is given.")
+@click.option("--cost", type=click.IntRange(0, 10**9), default=None, metavar="UNITS",
+              help="The units (tokens) the call will spend of the pool's budget "
+                   "[default: the pool's average].")
 @quiet_option("the slot ID")
 @connection_options
 @api_command
-async def acquire(ctx: Ctx, name: str, wait: float, no_queue: bool, quiet: bool) -> None:
+async def acquire(ctx: Ctx, name: str, wait: float, no_queue: bool, cost: int | None,
+                  quiet: bool) -> None:
     """Take a slot of pool NAME and print its slot ID. It is not renewed after
     this command exits. Exit code 3 when no slot is free (in time).
     With -q, only the slot ID: SLOT=$(fencepost pool acquire NAME -q)."""
     check_output_mode(ctx, quiet)
     async with ctx.client() as client:
-        work = client.acquire_slot(name, wait=wait, no_queue=no_queue)
+        work = client.acquire_slot(name, wait=wait, no_queue=no_queue, cost=cost)
         grant = await while_waiting(work, slot_waiting(client, name), ProgressLine())
     emit_created(ctx, quiet, grant.slot_id, grant.to_dict(), lambda: "\n".join([
         f"took a slot of pool {name}: lapses {relative(epoch_ms(grant.lease_deadline))} "
         f"unless renewed (every {duration(grant.renew_interval_ms / 1000)})"
-        + (f"; {grant.remaining_slots} left" if grant.remaining_slots is not None else ""),
+        + (f"; {grant.remaining_slots} left" if grant.remaining_slots is not None else "")
+        + (f"; {grant.remaining_cost} units of the budget left this minute"
+           if grant.remaining_cost is not None else ""),
         f"slot id: {grant.slot_id}",
         f"  renew:   fencepost pool renew {name} {grant.slot_id}",
         f"  release: fencepost pool release {name} {grant.slot_id} [--status CODE]",
@@ -267,15 +273,17 @@ async def renew(ctx: Ctx, name: str, slot_id: str) -> None:
               help="The upstream's retry hint.")
 @click.option("--header", "headers", type=HEADER, multiple=True,
               help="An upstream rate-limit header, 'Name: value' (repeatable).")
+@click.option("--cost", type=click.IntRange(0, 10**9), default=None, metavar="UNITS",
+              help="The units the call really spent (replaces the estimate).")
 @connection_options
 @api_command
 async def release(ctx: Ctx, name: str, slot_id: str, status: int | None,
                   throttled: int | None, retry_after_ms: int | None,
-                  headers: tuple[tuple[str, str], ...]) -> None:
+                  headers: tuple[tuple[str, str], ...], cost: int | None) -> None:
     """Release slot SLOT_ID of pool NAME, reporting the upstream outcome
     (idempotent: exit 0 either way)."""
     outcome = Outcome(status=status, throttled=throttled, retry_after_ms=retry_after_ms,
-                      headers=rate_headers(dict(headers)))
+                      headers=rate_headers(dict(headers)), cost=cost)
     async with ctx.client() as client:
         released = await client.release_slot(name, slot_id, outcome)
     ctx.emit({"released": released}, "released the slot" if released

@@ -376,6 +376,10 @@ async function loadPool(name) {
     ["Effective limit", pool.effective_limit],
     ["Rate limit (per minute)", pool.rpm],
     ["Effective rate", pool.effective_rpm],
+    // A unit budget (tokens per minute): configured, paced by, and left now.
+    ["Cost budget (per minute)", pool.cost_per_minute],
+    ["Effective cost budget", pool.learned ? pool.learned.effective_cost_per_minute : null],
+    ["Cost left this minute", pool.learned ? pool.learned.remaining_cost : null],
     ["Adaptive", pool.adaptive ? `yes (at least ${pool.min_limit})` : "no"],
     ["Queue", `${pool.queue_size} waiters, ${pool.queue_timeout_ms} ms at most`],
     ["Term", `${pool.term_ms} ms (renew every ${pool.renew_interval_ms} ms)`],
