@@ -41,7 +41,9 @@ async def test_pool_info_shows_what_was_learned(server: ServerProcess) -> None:
         await c.set_pool(name, limit=10, adaptive=True)
         fresh = await c.get_pool(name)
         assert fresh.learned is not None and fresh.learned.paused_until_at is None
-        assert fresh.learned.last_hint is None and fresh.learned.effective_limit == 10
+        # A new adaptive pool starts slow (SPEC §4.5): 2 slots, doubling as calls succeed.
+        assert fresh.learned.last_hint is None and fresh.learned.effective_limit == 2
+        assert fresh.learned.slow_start is True
         grant = await c.acquire_slot(name)
         spent = fencepost.Outcome(status=429, headers={
             "x-ratelimit-limit-requests": "2", "x-ratelimit-remaining-requests": "0",

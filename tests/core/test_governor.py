@@ -358,3 +358,47 @@ def test_no_latency_probe_while_the_upstream_throttles():
         state = report(state, Outcome(status=200, hold_ms=400), now)
         assert state.probe_since_ms == 0
     assert now - T0 < gov.PROBE_EVERY_MS
+
+
+# --- slow start (SPEC §4.5) -------------------------------------------------------
+
+
+def test_a_new_pool_starts_low_and_doubles_each_round_trip() -> None:
+    state = gov.starting(20, 1)
+    assert (state.limit, state.slow_start) == (gov.SLOW_START_FROM, True)
+    now = 1_000
+    for expected in (4, 8, 16):
+        for _ in range(int(state.limit)):  # a round trip: every slot succeeds once
+            now += 10
+            state = report(state, OK, now)
+        assert state.limit == expected and state.slow_start
+    for _ in range(16):
+        now += 10
+        state = report(state, OK, now)
+    assert state.limit == 20 and not state.slow_start  # ends at the configured limit
+
+
+def test_the_first_throttle_ends_slow_start() -> None:
+    state = report(gov.starting(20, 1), OK, 1_000)
+    state = report(state, THROTTLED, 1_100)
+    assert not state.slow_start and state.limit == 3 * gov.BETA
+    state = report(state, OK, 1_200)
+    assert state.limit < 3 * gov.BETA + 1  # about one slot a round trip now
+
+
+def test_slow_start_respects_a_higher_floor_and_a_small_limit() -> None:
+    assert gov.starting(20, 5).limit == 5
+    tiny = gov.starting(2, 1)
+    assert tiny.limit == 2 and not tiny.slow_start  # nothing to grow into
+
+
+def test_stale_evidence_restarts_from_a_quarter() -> None:
+    state = GovernorState(limit=40.0, last_success_ms=1_000)
+    assert gov.effective_limit(state, 40, 1, True, 1_000 + gov.STALE_MS) == 40
+    later = 1_000 + gov.STALE_MS + 1
+    assert gov.stale(state, later)
+    assert gov.effective_limit(state, 40, 1, True, later) == 10
+    assert gov.effective_limit(state, 40, 1, False, later) == 40  # fixed pools: as set
+    restarted = report(state, OK, later, configured=40)
+    assert restarted.slow_start and restarted.limit == 11
+    assert not gov.stale(restarted, later)

@@ -24,6 +24,17 @@ def make_pool(client: httpx.Client, **config: object) -> str:
     return name
 
 
+def warmed(client: httpx.Client, **config: object) -> str:
+    """An adaptive pool past its slow start (SPEC §4.5): successes reported
+    until its effective limit is the configured one."""
+    pool = make_pool(client, adaptive=True, **config)
+    for _ in range(int(str(config["limit"]))):
+        if client.get(f"/v1/pools/{pool}").json()["effective_limit"] == config["limit"]:
+            return pool
+        cycle(client, pool, {"status": 200})
+    raise AssertionError("the pool did not leave its slow start")
+
+
 def cycle(client: httpx.Client, pool: str, report: dict[str, object]) -> httpx.Response:
     """Acquire a slot and release it with `report`; returns the acquire response."""
     got = client.post(f"/v1/pools/{pool}/lock/acquire")
@@ -36,7 +47,7 @@ def cycle(client: httpx.Client, pool: str, report: dict[str, object]) -> httpx.R
 
 def test_reports_of_429_lower_the_effective_limit(server: ServerProcess) -> None:
     with server.client() as client:
-        pool = make_pool(client, limit=10, adaptive=True)
+        pool = warmed(client, limit=10)
         first = cycle(client, pool, {"status": 429})
         assert first.headers["X-Effective-Limit"] == "10"
         after = client.post(f"/v1/pools/{pool}/lock/acquire")
@@ -48,7 +59,7 @@ def test_reports_of_429_lower_the_effective_limit(server: ServerProcess) -> None
 
 def test_throttle_reported_in_headers_counts_too(server: ServerProcess) -> None:
     with server.client() as client:
-        pool = make_pool(client, limit=10, adaptive=True)
+        pool = warmed(client, limit=10)
         cycle(client, pool, {"status": 200, "throttled": 3})
         assert client.get(f"/v1/pools/{pool}").json()["effective_limit"] == LOWERED
 
@@ -57,7 +68,7 @@ def test_a_throttle_naming_no_budget_lowers_the_limit_without_pausing(
         server: ServerProcess) -> None:
     # What a cap on calls in progress sends: 429, a whole-second Retry-After, no rate headers.
     with server.client() as client:
-        pool = make_pool(client, limit=10, adaptive=True)
+        pool = warmed(client, limit=10)
         cycle(client, pool, {"status": 429, "headers": {"Retry-After": "1"}})
         got = client.post(f"/v1/pools/{pool}/lock/acquire")
         assert got.status_code == 200 and got.headers["X-Effective-Limit"] == str(LOWERED)
@@ -170,7 +181,8 @@ def test_malformed_rate_headers_are_ignored(server: ServerProcess) -> None:
 
 def test_learned_state_survives_a_restart(fresh_server: ServerProcess) -> None:
     with fresh_server.client() as client:
-        pool = make_pool(client, limit=10, adaptive=True, rpm=1000)
+        pool = warmed(client, limit=10)
+        assert client.patch(f"/v1/pools/{pool}", json={"rpm": 1000}).status_code == 200
         cycle(client, pool, {"status": 429, "rate": {"limit": 120}})
         before = client.get(f"/v1/pools/{pool}").json()
     paced_rpm = round(120 * LEARNED_PACE_SHARE)  # learned rates are paced a little below

@@ -105,7 +105,8 @@ def test_put_with_every_field_is_returned_verbatim(admin: httpx.Client) -> None:
     got = pool_state(admin, name)
     for field, value in config.items():
         assert got[field] == value, (field, got)
-    assert got["effective_limit"] == 7
+    # A new adaptive pool starts slow (SPEC §4.5): at 2 here (its min_limit).
+    assert got["effective_limit"] == 2
     assert got["in_use"] == 0 and got["queued"] == 0
 
 

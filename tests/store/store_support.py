@@ -56,3 +56,21 @@ async def hear(sender: Any, heard: list[Freed], name: str) -> None:
             if lock_freed(P, name) in heard:
                 return
             await asyncio.sleep(0.05)
+
+
+async def warmed_pool(store: Any, pool: str, limit: int, clock: Any) -> None:
+    """Pool `pool` adaptive at `limit` and past its slow start (SPEC §4.5):
+    successes reported until its effective limit is `limit`."""
+    from fencepost.core.slots import PoolConfig
+    from fencepost.store.base import SlotReport
+
+    await store.put_pool(P, pool, PoolConfig(limit=limit, adaptive=True))
+    for _ in range(limit):
+        if (await store.get_pool(P, pool)).effective_limit == limit:
+            return
+        attempt = await store.acquire_slot(P, pool, wait_alive_ms=None)
+        assert attempt.slot is not None, attempt
+        clock.advance(50)
+        await store.release_slot(P, pool, attempt.slot.slot_id,
+                                 SlotReport(status=200, report_json="{}"))
+    raise AssertionError("the pool did not leave its slow start")

@@ -11,7 +11,7 @@ from fencepost.errors import Capped, NotFound
 from fencepost.store.base import Freed, SlotReport, pool_freed
 
 from .conftest import reopen
-from .store_support import P
+from .store_support import P, warmed_pool
 
 
 async def test_put_creates_then_replaces(store):
@@ -232,7 +232,8 @@ async def _hold_and_report(store, pool, report, clock, hold_ms=50):
 
 
 async def test_throttle_reports_lower_the_effective_limit(store, clock):
-    await store.put_pool(P, "ad", PoolConfig(limit=10, adaptive=True))
+    await warmed_pool(store, "ad", 10, clock)
+    clock.advance(1_000)  # a round trip after the last change
     await _hold_and_report(store, "ad", THROTTLED, clock)
     view = await store.get_pool(P, "ad")
     lowered = math.floor(10 * gov.BETA)
@@ -245,12 +246,44 @@ async def test_throttle_reports_lower_the_effective_limit(store, clock):
 
 
 async def test_successes_raise_it_again(store, clock):
-    await store.put_pool(P, "ad", PoolConfig(limit=10, adaptive=True))
+    await warmed_pool(store, "ad", 10, clock)
+    clock.advance(1_000)
     await _hold_and_report(store, "ad", THROTTLED, clock)
     clock.advance(10_000)  # past the plateau
     for _ in range(40):
         await _hold_and_report(store, "ad", SlotReport(status=200, report_json="{}"), clock)
     assert (await store.get_pool(P, "ad")).effective_limit == 10
+
+
+async def test_a_new_adaptive_pool_starts_slow_and_doubles_each_round_trip(store, clock):
+    """SPEC §4.5's cold start: 2 slots, one more per success, up to the limit;
+    the first throttle ends it (then the limit grows by about one a round trip)."""
+    await store.put_pool(P, "cold", PoolConfig(limit=20, adaptive=True))
+    view = await store.get_pool(P, "cold")
+    assert view.effective_limit == gov.SLOW_START_FROM and view.governor.slow_start
+    held = [await store.acquire_slot(P, "cold", wait_alive_ms=None) for _ in range(3)]
+    assert [a.slot is not None for a in held] == [True, True, False]
+    clock.advance(100)
+    for attempt in held[:2]:  # one round trip: both succeed
+        await store.release_slot(P, "cold", attempt.slot.slot_id,
+                                 SlotReport(status=200, report_json="{}"))
+    assert (await store.get_pool(P, "cold")).effective_limit == 4  # doubled
+    for _ in range(4):
+        await _hold_and_report(store, "cold", SlotReport(status=200, report_json="{}"), clock)
+    assert (await store.get_pool(P, "cold")).effective_limit == 8
+    await _hold_and_report(store, "cold", THROTTLED, clock)
+    after = await store.get_pool(P, "cold")
+    assert not after.governor.slow_start and after.effective_limit == math.floor(8 * gov.BETA)
+
+
+async def test_stale_evidence_starts_slow_again(store, clock):
+    await warmed_pool(store, "idle", 40, clock)
+    assert (await store.get_pool(P, "idle")).effective_limit == 40
+    clock.advance(gov.STALE_MS + 1_000)  # a quiet night
+    assert (await store.get_pool(P, "idle")).effective_limit == 10  # a quarter of it
+    await _hold_and_report(store, "idle", SlotReport(status=200, report_json="{}"), clock)
+    view = await store.get_pool(P, "idle")
+    assert view.governor.slow_start and view.effective_limit == 11
 
 
 async def test_fixed_pools_ignore_reports(store, clock):

@@ -32,7 +32,7 @@ from fencepost.store.sql.pools import (
 from fencepost.store.sqlite import SqliteStore
 
 from .conftest import reopen
-from .store_support import P
+from .store_support import P, warmed_pool
 from .wire_trace import count_round_trips, summary, wire_trace
 
 # The common case's admission: alone (SQLite runs each operation whole), or
@@ -231,7 +231,8 @@ async def test_what_another_writer_learned_is_not_missed(store, clock):
     other = reopen(store, clock)
     await other.open()
     try:
-        await store.put_pool(P, "ad", PoolConfig(limit=10, adaptive=True))
+        await warmed_pool(store, "ad", 10, clock)
+        clock.advance(1_000)
         assert (await _acquire(store, "ad")).in_use == 1
         throttled = await _acquire(other, "ad")
         clock.advance(50)

@@ -148,6 +148,7 @@ def _describe_learned(learned: Learned | None) -> str:
          else when(learned.paused_until_at)),
         ("last hint", None if hint is None else
          f"{_ms(hint.retry_after_ms)} from {hint.source}, {relative(hint.at)}"),
+        ("slow start", "yes (doubling while calls succeed)" if learned.slow_start else None),
         ("cost per minute", learned.effective_cost_per_minute),
         ("stated by upstream", learned.cost_per_minute),
         ("cost remaining", learned.remaining_cost),

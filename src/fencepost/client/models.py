@@ -184,6 +184,8 @@ class Learned(Model, frozen=True, kw_only=True):
     cost_per_minute: int | None = None
     remaining_cost: int | None = None
     average_cost: float | None = None
+    # An adaptive pool starting low and doubling while calls succeed (SPEC §4.5).
+    slow_start: bool = False
 
 
 class UpstreamInfo(Model, frozen=True, kw_only=True):

@@ -28,6 +28,15 @@ with spacing that doubles from one refill interval, and the first success of
 a call admitted during the pause ends it: a continuously refilling budget
 resumes after about one refill interval, a fixed window costs a few probes.
 
+Slow start (SPEC §4.5), as TCP's (RFC 5681): an adaptive pool that knows
+nothing of its upstream yet starts at SLOW_START_FROM slots and adds one for
+each success, which doubles the limit every round trip, until the first
+throttle (then AIMD as above) or the configured limit. A pool whose evidence
+went stale (no report for STALE_MS: the upstream may have changed, its
+capacity been taken by others) starts again from a quarter of what it had
+learned, so that a burst after a quiet night does not meet an upstream that
+halved its capacity with the whole learned limit at once.
+
 The rate to pace by is the slower of the configured and learned ones (the
 pacing itself, GCRA, is in slots.py). Everything here is pure: the store
 keeps the state, `now_ms` is a parameter.
@@ -79,6 +88,10 @@ PROBE_FASTER = 0.7
 # it with some jitter, and pacing at exactly its refill rate keeps a
 # continuously refilling budget at zero, where any early arrival is a 429.
 LEARNED_PACE_SHARE = 0.99
+# Slow start: the limit a pool that knows nothing yet starts from, and how long
+# without any report makes what it learned stale.
+SLOW_START_FROM = 2
+STALE_MS = 600_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,16 +174,40 @@ class GovernorState:
     # stays empty (which may be later than the pause: see _pause).
     pause_reporter: str | None = None
     pause_claim_ms: int = 0
+    # In slow start: one more slot per success (doubling each round trip).
+    slow_start: bool = False
 
 
 def initial(limit: int) -> GovernorState:
     return GovernorState(limit=float(limit))
 
 
-def effective_limit(state: GovernorState, configured: int, min_limit: int, adaptive: bool) -> int:
+def starting(configured: int, min_limit: int) -> GovernorState:
+    """An adaptive pool that knows nothing of its upstream yet: slow start."""
+    start = min(configured, max(min_limit, SLOW_START_FROM))
+    return GovernorState(limit=float(start), slow_start=start < configured)
+
+
+def stale(state: GovernorState, now_ms: int) -> bool:
+    """No report for STALE_MS after some: what was learned may be wrong now."""
+    last = max(state.last_success_ms, state.last_throttle_ms)
+    return last > 0 and now_ms - last > STALE_MS
+
+
+def _restart_limit(state: GovernorState, configured: int, min_limit: int) -> float:
+    learned = min(float(configured), state.limit)
+    return max(float(min_limit), min(learned, max(float(SLOW_START_FROM), learned / 4)))
+
+
+def effective_limit(state: GovernorState, configured: int, min_limit: int, adaptive: bool,
+                    now_ms: int | None = None) -> int:
+    """The slots admitted at once; with `now_ms`, a stale pool's restart limit."""
     if not adaptive:
         return configured
-    return max(min_limit, min(configured, math.floor(state.limit)))
+    limit = state.limit
+    if now_ms is not None and stale(state, now_ms):
+        limit = _restart_limit(state, configured, min_limit)
+    return max(min_limit, min(configured, math.floor(limit)))
 
 
 def round_trip_ms(state: GovernorState) -> float:
@@ -190,6 +227,10 @@ def on_report(
     """The state after one reported outcome. `adaptive` pools move their limit;
     pools that `learns_rate` (adaptive, or with an rpm) learn the upstream's
     rate and pause on an empty budget."""
+    if adaptive and stale(state, now_ms):
+        # Evidence after a long silence: start again low, and slowly no more.
+        state = replace(state, limit=_restart_limit(state, configured, min_limit),
+                        slow_start=True, plateau=None)
     state = _observe_hold(state, outcome, now_ms)
     empty_ms = outcome.empty_budget_ms()
     if learns_rate:
@@ -201,11 +242,14 @@ def on_report(
         # An upstream that throttles states its limits by 429s: latency is no
         # evidence then, and a latency probe under way is moot.
         state = replace(state, last_throttle_ms=now_ms, latency_bound=False,
-                        probe_since_ms=0, probe_hold_ms=None)
+                        probe_since_ms=0, probe_hold_ms=None, slow_start=False)
         # A throttle that says the shared budget is spent is the rate's doing
         # (pacing and the pause answer it), not the concurrency's.
         return state if empty_ms is not None else _decrease(state, now_ms, min_limit)
     if outcome.succeeded:
+        if state.slow_start:
+            grown = min(float(configured), state.limit + 1.0)
+            return replace(state, limit=grown, slow_start=grown < configured)
         state = _judge_probe(state, outcome, now_ms)
         if _slowed_down(state):
             # In proportion to the slowdown (as Netflix's gradient limit), so a

@@ -559,6 +559,10 @@ class LearnedState(msgspec.Struct):
     average_cost: Annotated[float, Meta(
         description="Running average of what a call costs: charged to calls that declare "
         "no cost.")] | None = None
+    slow_start: Annotated[bool, Meta(
+        description="An adaptive pool that knows nothing of its upstream yet (new, or its "
+        "evidence stale): it started low and adds a slot per success, doubling each round "
+        "trip, until the first throttle or its limit (SPEC §4.5).")] = False
 
 
 class PoolState(msgspec.Struct):

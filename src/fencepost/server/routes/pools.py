@@ -6,6 +6,7 @@ from typing import Any
 
 import msgspec
 
+from fencepost.core import governor as gov
 from fencepost.core.proxy_headers import UNMANAGEABLE, base_url_problem
 from fencepost.core.ratelimit_headers import RateLimitInfo, merge, parse_rate_limit_headers
 from fencepost.core.slots import PoolConfig, Slot, Upstream
@@ -61,6 +62,7 @@ def pool_state(view: PoolView) -> schemas.PoolState:
             cost_per_minute=view.learned_cost_per_minute,
             remaining_cost=view.remaining_cost,
             average_cost=None if view.average_cost is None else round(view.average_cost, 1),
+            slow_start=c.adaptive and (g.slow_start or gov.stale(g, view.now_ms)),
         ),
         stats=schemas.PoolStatsBody(
             released=s.released, reclaimed=s.reclaimed, statuses=s.statuses,

@@ -106,6 +106,7 @@ class _GovernorRow(NamedTuple):
     last_throttle_ms: int
     pause_reporter: str | None
     pause_claim_ms: int
+    gov_slow_start: int
 
 
 class _StatsRow(NamedTuple):
@@ -166,10 +167,10 @@ class _Pool:
         # Pools that opted in (adaptive, or given a rate) learn from reports.
         return self.config.adaptive or self.config.rpm is not None
 
-    @property
-    def limit(self) -> int:
+    def limit_at(self, now_ms: int) -> int:
+        """The slots admitted at once now (a stale adaptive pool starts again low)."""
         c = self.config
-        return gov.effective_limit(self.governor, c.limit, c.min_limit, c.adaptive)
+        return gov.effective_limit(self.governor, c.limit, c.min_limit, c.adaptive, now_ms)
 
     @property
     def rpm(self) -> int | None:
@@ -259,6 +260,10 @@ def _governor(r: _GovernorRow, config: PoolConfig) -> GovernorState:
             source=r.hint_source, retry_after_ms=int(r.hint_retry_after_ms),
             at_ms=int(r.hint_at_ms),
         )
+    if r.gov_limit is None and config.adaptive:
+        # Nothing learned yet: slow start (SPEC §4.5), until the first save
+        # keeps what it becomes.
+        return gov.starting(config.limit, config.min_limit)
     return GovernorState(
         limit=float(r.gov_limit) if r.gov_limit is not None else float(config.limit),
         plateau=r.gov_plateau,
@@ -282,6 +287,7 @@ def _governor(r: _GovernorRow, config: PoolConfig) -> GovernorState:
         last_throttle_ms=r.last_throttle_ms,
         pause_reporter=r.pause_reporter,
         pause_claim_ms=r.pause_claim_ms,
+        slow_start=bool(r.gov_slow_start),
     )
 
 
@@ -294,7 +300,7 @@ def _governor_values(g: GovernorState) -> tuple[Any, ...]:
         g.ok_hold_ms, g.base_hold_ms, g.last_success_ms, g.hinted_streak,
         hint and hint.source, hint and hint.retry_after_ms, hint and hint.at_ms,
         g.probe_since_ms, g.probe_hold_ms, int(g.latency_bound), g.last_throttle_ms,
-        g.pause_reporter, g.pause_claim_ms,
+        g.pause_reporter, g.pause_claim_ms, int(g.slow_start),
     )
 
 
@@ -407,7 +413,7 @@ def view(tx: Tx, project: str, pool: str, known: KnownPools | None = None) -> Po
         config=state.config,
         in_use=counts.used,
         queued=counts.ahead,
-        effective_limit=state.limit,
+        effective_limit=state.limit_at(tx.now_ms),
         stats=_stats(_StatsRow._make(row)),
         now_ms=tx.now_ms,
         governor=state.governor,
@@ -513,7 +519,7 @@ def _admit(
         # Admitted during a pause: this call is a probe; space out the next one.
         _save_governor(tx, known, project, pool, replace(state, costs=spent),
                        gov.after_probe(state.governor, now))
-    return SlotAttempt(slot, None, used + 1, state.limit, state.config,
+    return SlotAttempt(slot, None, used + 1, state.limit_at(now), state.config,
                        remaining_cost=costs.remaining(spent, budget, now))
 
 
@@ -534,7 +540,8 @@ def _try_admit(
     waits = (probe_ms, rules.pace_wait_ms(state.pace_tat_ms, interval, now),
              costs.wait_ms(state.costs, budget, now))
     blocked_ms = max((w for w in waits if w), default=None)
-    if blocked_ms is None and rules.may_admit(state.limit, used, waiters_ahead):
+    limit = state.limit_at(now)
+    if blocked_ms is None and rules.may_admit(limit, used, waiters_ahead):
         return _admit(tx, known, project, pool, state, used, cost)
     if blocked_ms is None:
         caps = [] if counts.first_cap_ms is None else [counts.first_cap_ms]
@@ -548,7 +555,7 @@ def _try_admit(
         blocked_ms += int(waiters_ahead * turn)
     left = None if paused_until is None else max(1, paused_until - now)
     return SlotAttempt(
-        None, None, used, state.limit, state.config, blocked_ms, paused_until, left)
+        None, None, used, limit, state.config, blocked_ms, paused_until, left)
 
 
 class Wanted(NamedTuple):
@@ -706,14 +713,14 @@ def acquire_step(
         if tx.gathers(_ADMIT_IN_ORDER):
             sent = (tx.send(_ADMIT_IN_ORDER, (
                 project, slot.slot_id, pool, slot.acquired_ms, slot.lease_deadline_ms,
-                slot.request_deadline_ms, key_id, state.version, now, state.limit,
+                slot.request_deadline_ms, key_id, state.version, now, state.limit_at(now),
             )), None)
         else:
             sent = (
                 tx.execute(_ADMIT_IF_ROOM, (
                     project, slot.slot_id, pool, slot.acquired_ms, slot.lease_deadline_ms,
                     slot.request_deadline_ms, key_id, project, pool, state.version,
-                    project, pool, now, state.limit, project, pool, now,
+                    project, pool, now, state.limit_at(now), project, pool, now,
                 )),
                 tx.execute(_LIVE_SLOTS, (project, pool, now)),
             )
@@ -734,7 +741,7 @@ def acquire_step(
         tx.events.append(Granted("slot", project, pool, None, tx.origin))
         # The version guard proved the remembered configuration current: the
         # wait and the grant's fields come from it, as the general case's would.
-        return SlotAttempt(slot, None, int(in_use), state.limit, state.config,
+        return SlotAttempt(slot, None, int(in_use), state.limit_at(now), state.config,
                            wait_ms=wanted.clamped(state.config))
 
     return Step(answer, otherwise)
