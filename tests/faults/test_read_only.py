@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Callable, Iterator
@@ -209,3 +210,53 @@ def test_an_immutable_shared_memory_file_is_refused_not_a_crash(
         granted += grant_some(server, 2)
     assert server.proc is not None and server.proc.poll() is None
     assert "Traceback" not in server.stderr_path.read_text()
+
+
+_CHECKPOINT_AFTER_FREEZE = """
+import sqlite3, subprocess, sys, time
+from fencepost.store.checkpoints import Checkpointer
+
+path = sys.argv[1]
+
+def connect():
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA wal_autocheckpoint=0")
+    return conn
+
+writer = connect()
+writer.execute("CREATE TABLE t (x)")
+checkpoints = Checkpointer(path, connect)
+checkpoints.nudge()  # the first checkpoint runs at once
+time.sleep(0.3)
+for i in range(200):
+    writer.execute("INSERT INTO t VALUES (?)", (i,))
+subprocess.run(["chattr", "+i", path + "-shm"], check=True)
+checkpoints.nudge()  # the next is due half a second after the first: after the freeze
+time.sleep(1.5)
+print("alive, restarts:", checkpoints.restarts, flush=True)
+subprocess.run(["chattr", "-i", path + "-shm"], check=True)
+time.sleep(1.0)  # writable again: the copy it owes is made now
+print("after:", checkpoints.restarts, flush=True)
+checkpoints.stop()
+"""
+
+
+def test_the_checkpoint_thread_waits_for_a_writable_shared_memory_file(tmp_path: Path) -> None:
+    """The checkpoint thread writes the WAL index too: with the -shm file made
+    immutable it must wait, not die of SIGBUS (run in a child process, where
+    a SIGBUS is an exit status instead of the end of the test run)."""
+    if shutil.which("chattr") is None:
+        missing("chattr (e2fsprogs)")
+    path = tmp_path / "store.db"
+    probe = tmp_path / "probe"  # skips where the filesystem has no immutable flag
+    probe.write_text("")
+    chattr("+i", probe)
+    chattr("-i", probe)
+    done = subprocess.run([sys.executable, "-c", _CHECKPOINT_AFTER_FREEZE, str(path)],
+                          capture_output=True, text=True, timeout=60)
+    subprocess.run(["chattr", "-i", f"{path}-shm"], capture_output=True, timeout=30)
+    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
+    lines = done.stdout.splitlines()
+    assert lines[0] == "alive, restarts: 1"
+    assert int(lines[1].split()[-1]) >= 2

@@ -23,6 +23,7 @@ import time
 from typing import Callable
 
 from fencepost.store.background import Background
+from fencepost.store.file_guard import SharedMemoryGuard
 from fencepost.store.writer_turn import WriterTurn
 
 _log = logging.getLogger(__name__)
@@ -53,6 +54,11 @@ class Checkpointer(Background):
 
     def _run(self) -> None:
         turn = WriterTurn(self._path)
+        # A checkpoint writes the WAL index (-shm) through its mapping: made
+        # unwritable, that write would kill the process with SIGBUS (see
+        # file_guard.py). This thread's own guard (its own descriptor) asks
+        # first, and the checkpoint waits for the file to be writable again.
+        shared_memory = SharedMemoryGuard(self._path)
         conn: sqlite3.Connection | None = None
         last = 0.0
         try:
@@ -70,6 +76,10 @@ class Checkpointer(Background):
                         return
                     self._due = False
                 last = time.monotonic()
+                if shared_memory.unwritable():
+                    with self._ready:
+                        self._due = True  # copy it once the file may be written again
+                    continue
                 try:
                     conn = conn or self._connect()
                     self._checkpoint(conn, turn)
@@ -79,6 +89,7 @@ class Checkpointer(Background):
                     _log.warning("checkpoint of %s failed: %s", self._path, exc)
         finally:
             turn.close()
+            shared_memory.close()
             if conn is not None:
                 conn.close()
 
