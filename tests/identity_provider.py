@@ -6,6 +6,9 @@ kid, use and alg, as Keycloak and Cloudflare Access publish them."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import json
 import threading
 import time
@@ -16,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import jwt
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from jwt.algorithms import ECAlgorithm, OKPAlgorithm, RSAAlgorithm
 
@@ -113,6 +117,25 @@ class IdentityProvider:
         signer = key or self.keys[0]
         return jwt.encode(self.claims(sub, **overrides), signer.private, algorithm=signer.alg,
                           headers={"kid": signer.kid, **(headers or {})})
+
+    def unsigned(self, sub: str = "mallory", **overrides: Any) -> str:
+        """A token with `alg: none`, under the provider's first key id."""
+        return jwt.encode(self.claims(sub, **overrides), None, algorithm="none",
+                          headers={"kid": self.keys[0].kid})
+
+    def hmac_forgery(self, sub: str = "mallory", **overrides: Any) -> str:
+        """The classic confusion (RFC 8725 §2.1): HS256 with the provider's
+        published public key, as PEM, used as the HMAC secret."""
+        public = self.keys[0].private.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+        def part(data: bytes) -> bytes:
+            return base64.urlsafe_b64encode(data).rstrip(b"=")
+
+        head = part(json.dumps({"alg": "HS256", "typ": "JWT", "kid": self.keys[0].kid}).encode())
+        body = part(json.dumps(self.claims(sub, **overrides)).encode())
+        mac = hmac.new(public, head + b"." + body, hashlib.sha256).digest()
+        return b".".join([head, body, part(mac)]).decode()
 
     def close(self) -> None:
         self._server.shutdown()

@@ -55,6 +55,7 @@ class BearerToken:
         self._clock = clock
         self._lock = threading.Lock()
         self._token: str | None = None
+        self._expires: float | None = None  # its `exp`, decoded once per read
         self._read_at = 0.0
 
     @property
@@ -87,10 +88,9 @@ class BearerToken:
         if self._token is None:
             return True
         now = self._clock()
-        expires = _expiry(self._token)
-        if expires is None:
+        if self._expires is None:
             return now - self._read_at >= REREAD_EVERY_S
-        return now >= expires - REREAD_BEFORE_S
+        return now >= self._expires - REREAD_BEFORE_S
 
     def _read(self) -> str:
         try:
@@ -112,4 +112,5 @@ class BearerToken:
         if not token or len(token) > MAX_TOKEN_CHARS or any(c.isspace() for c in token):
             raise Unauthorized(f"The {self.source} gave no token (one line, no spaces).")
         self._read_at = self._clock()
+        self._expires = _expiry(token)
         return token
